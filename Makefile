@@ -1,0 +1,60 @@
+# The two commands (see README.md):
+#   make run   - set everything up, ingest the sample docs into the embedded Postgres, search
+#   make test  - set everything up, lint, type-check and run the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export TRANSFORMERS_VERBOSITY := error
+export TOKENIZERS_PARALLELISM := false
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install run test lint typecheck unit db-up ingest search clean bench-ingest bench-search
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+db-up: install
+	$(BIN)/agent-service db up
+
+ingest: db-up
+	$(BIN)/agent-service ingest
+
+search: install
+	$(BIN)/agent-service search "How long is the alert cooldown and how do I change it?" --top-k 3
+
+run: ingest search
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest -m "not slow" -q
+
+test: lint typecheck
+	$(BIN)/pytest -q
+
+bench-ingest: ingest
+	$(BIN)/python -m bench.ingest
+
+bench-search: db-up
+	$(BIN)/python -m bench.search
+
+clean:
+	rm -rf $(VENV) .agent-service .pytest_cache .mypy_cache .ruff_cache

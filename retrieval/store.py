@@ -1,0 +1,279 @@
+"""The ``DocumentStore`` port and its PostgreSQL + pgvector adapter.
+
+Writes: one document (row + all its chunks, COPY) per transaction, replacing the previous
+version of the same source in that transaction, so a reader never sees half a document and a
+crash leaves no half-written one.
+
+Reads: one statement runs both searches, each filtered by the caller's ACL in SQL (never
+after): pgvector cosine over HNSW with iterative scans (so a restrictive ACL still yields k
+rows) and ``websearch_to_tsquery`` full-text over the GIN index. It returns each candidate's
+rank in each list; fusion (RRF) happens in Python (``retrieval.fusion``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import asyncpg
+import numpy as np
+from pgvector.asyncpg import register_vector
+
+from serve_app.database import check_schema
+
+WriteOutcome = Literal["new", "replaced"]
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    id: str
+    ordinal: int
+    text: str
+    section: str
+    kind: str
+    token_count: int
+    embedding: np.ndarray[Any, np.dtype[np.float32]]
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    source: str
+    title: str | None
+    content_hash: str
+    fingerprint: str
+    permissions: list[str]
+    chunks: list[ChunkRecord]
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A chunk found by at least one side of the hybrid search."""
+
+    chunk_id: str
+    source: str
+    title: str | None
+    section: str
+    kind: str
+    text: str
+    vector_rank: int | None
+    keyword_rank: int | None
+    distance: float | None
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    source: str
+    fingerprint: str
+    permissions: list[str]
+    chunk_count: int
+
+
+class DocumentStore(Protocol):
+    async def documents(self) -> dict[str, StoredDocument]: ...
+
+    async def write_document(self, doc: DocumentRecord) -> WriteOutcome: ...
+
+    async def delete_sources(self, sources: Iterable[str]) -> int: ...
+
+    async def hybrid_candidates(
+        self,
+        query_text: str,
+        query_vector: np.ndarray[Any, np.dtype[np.float32]],
+        acl: Sequence[str],
+        *,
+        k_vector: int,
+        k_keyword: int,
+    ) -> list[Candidate]: ...
+
+    async def counts(self) -> tuple[int, int]: ...
+
+    async def close(self) -> None: ...
+
+
+ACL_PREDICATE = "(cardinality(c.permissions) = 0 OR c.permissions && $2::text[])"
+
+HYBRID_SQL = f"""
+WITH vec AS MATERIALIZED (
+    SELECT c.id, c.embedding <=> $1 AS distance
+    FROM chunks c
+    WHERE {ACL_PREDICATE}
+    ORDER BY c.embedding <=> $1
+    LIMIT $3
+), vec_ranked AS (
+    SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS rank FROM vec
+), kw AS MATERIALIZED (
+    SELECT c.id, ts_rank_cd(c.tsv, q.query, 32) AS score
+    FROM chunks c, websearch_to_tsquery('english', $4) AS q(query)
+    WHERE c.tsv @@ q.query AND {ACL_PREDICATE}
+    ORDER BY score DESC, c.id
+    LIMIT $5
+), kw_ranked AS (
+    SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank FROM kw
+)
+SELECT c.id, d.source, d.title, c.section, c.kind, c.text,
+       v.rank AS vector_rank, k.rank AS keyword_rank, v.distance
+FROM vec_ranked v
+FULL OUTER JOIN kw_ranked k ON k.id = v.id
+JOIN chunks c ON c.id = coalesce(v.id, k.id)
+JOIN documents d ON d.id = c.document_id
+"""
+
+
+async def _init_connection(conn: asyncpg.Connection, ef_search: int) -> None:
+    await register_vector(conn)
+    # Iterative scans keep HNSW returning rows after the ACL filter drops some; custom plans
+    # because a generic plan guesses the ACL's selectivity (NOTES.md: "Hybrid search").
+    await conn.execute(
+        f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(ef_search)}; "
+        "SET plan_cache_mode = force_custom_plan"
+    )
+
+
+class PgDocumentStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        embedding_dim: int,
+        min_size: int = 1,
+        max_size: int = 10,
+        ef_search: int = 200,
+    ) -> PgDocumentStore:
+        """Open a pool, refusing a store whose schema or dimension does not match."""
+        conn = await asyncpg.connect(url)
+        try:
+            await check_schema(conn, embedding_dim)
+        finally:
+            await conn.close()
+
+        async def init(c: asyncpg.Connection) -> None:
+            await _init_connection(c, ef_search)
+
+        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=init)
+        assert pool is not None
+        return cls(pool)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def documents(self) -> dict[str, StoredDocument]:
+        rows = await self._pool.fetch(
+            "SELECT source, fingerprint, permissions, chunk_count FROM documents"
+        )
+        return {
+            r["source"]: StoredDocument(
+                r["source"], r["fingerprint"], list(r["permissions"]), r["chunk_count"]
+            )
+            for r in rows
+        }
+
+    async def write_document(self, doc: DocumentRecord) -> WriteOutcome:
+        records = [
+            (
+                ch.id,
+                ch.ordinal,
+                ch.text,
+                ch.section,
+                ch.kind,
+                ch.token_count,
+                ch.embedding,
+                doc.permissions,
+                json.dumps(ch.metadata),
+            )
+            for ch in doc.chunks
+        ]
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Serialise writers of the same source (two ingestion runs at once).
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", doc.source)
+            deleted = await conn.fetchval(
+                "DELETE FROM documents WHERE source = $1 RETURNING id", doc.source
+            )
+            doc_id = await conn.fetchval(
+                """
+                INSERT INTO documents
+                    (source, title, content_hash, fingerprint, permissions, metadata, chunk_count)
+                VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)
+                RETURNING id
+                """,
+                doc.source,
+                doc.title,
+                doc.content_hash,
+                doc.fingerprint,
+                doc.permissions,
+                json.dumps(doc.metadata),
+                len(doc.chunks),
+            )
+            if records:
+                await conn.copy_records_to_table(
+                    "chunks",
+                    records=[(r[0], doc_id, *r[1:]) for r in records],
+                    columns=[
+                        "id",
+                        "document_id",
+                        "ordinal",
+                        "text",
+                        "section",
+                        "kind",
+                        "token_count",
+                        "embedding",
+                        "permissions",
+                        "metadata",
+                    ],
+                )
+        return "replaced" if deleted is not None else "new"
+
+    async def delete_sources(self, sources: Iterable[str]) -> int:
+        names = sorted(set(sources))
+        if not names:
+            return 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "DELETE FROM documents WHERE source = ANY($1::text[]) RETURNING id", names
+            )
+        return len(rows)
+
+    async def hybrid_candidates(
+        self,
+        query_text: str,
+        query_vector: np.ndarray[Any, np.dtype[np.float32]],
+        acl: Sequence[str],
+        *,
+        k_vector: int,
+        k_keyword: int,
+    ) -> list[Candidate]:
+        rows = await self._pool.fetch(
+            HYBRID_SQL, query_vector, list(acl), k_vector, query_text, k_keyword
+        )
+        return [
+            Candidate(
+                chunk_id=r["id"],
+                source=r["source"],
+                title=r["title"],
+                section=r["section"],
+                kind=r["kind"],
+                text=r["text"],
+                vector_rank=r["vector_rank"],
+                keyword_rank=r["keyword_rank"],
+                distance=None if r["distance"] is None else float(r["distance"]),
+            )
+            for r in rows
+        ]
+
+    async def counts(self) -> tuple[int, int]:
+        row = await self._pool.fetchrow(
+            "SELECT (SELECT count(*) FROM documents) AS d, (SELECT count(*) FROM chunks) AS c"
+        )
+        assert row is not None
+        return int(row["d"]), int(row["c"])

