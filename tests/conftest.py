@@ -98,3 +98,33 @@ def settings_factory(tmp_path: Path) -> object:
         return Settings(**values)  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture(scope="module")
+async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[str]:
+    """A database holding the sample documentation/ tree, ingested once per test module with
+    the folder ACLs from the default DOC_ROOTS."""
+    from ingest_jobs.pipeline import IngestOptions, run_ingest
+    from retrieval.store import PgDocumentStore
+    from serve_app.config import Settings
+    from serve_app.database import migrate, with_database
+
+    name = f"t_docs_{uuid.uuid4().hex[:10]}"
+    await _create_database(pg_admin_url, name)
+    url = with_database(pg_admin_url, name)
+    await asyncio.to_thread(migrate, url, 384)
+    settings = Settings(agent_service_home=TEST_HOME)
+    roots = [(PROJECT_ROOT / p, acl) for p, acl in settings.doc_root_acls]
+    store = await PgDocumentStore.connect(url, embedding_dim=384, max_size=2)
+    try:
+        report = await run_ingest(
+            store,
+            settings,
+            IngestOptions(roots=roots, executor="local", max_tokens=200),
+            embedder=minilm,  # type: ignore[arg-type]
+        )
+        assert report.skipped == 0, report.skip_reasons
+    finally:
+        await store.close()
+    yield url
+    await _drop_database(pg_admin_url, name)

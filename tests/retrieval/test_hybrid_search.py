@@ -1,0 +1,185 @@
+"""Hybrid retrieval over the sample documentation, in the real embedded PostgreSQL, with the
+real MiniLM embedder: exact tokens via full-text, paraphrases via vectors, ACLs in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval.acl import caller_entries, is_visible
+from retrieval.embedders import SentenceTransformerEmbedder
+from retrieval.rerankers import NoopReranker
+from retrieval.search import HybridRetriever, RetrievalConfig, SearchHit
+from retrieval.store import ChunkRecord, DocumentRecord, PgDocumentStore
+from serve_app.database import DimensionMismatchError
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = (ROOT / "documentation/developer").as_posix()
+USER = (ROOT / "documentation/user").as_posix()
+RUNBOOK = f"{DEV}/operator-runbook-gateway-keys-and-sensor-lockout.md"
+NORTHWIND = f"{USER}/northwind-harbor-capacity-rules.md"
+BILLING = f"{USER}/billing-and-seats.md"
+CONFIG_REF = f"{DEV}/configuration-reference.md"
+ERRORS = f"{DEV}/error-codes.md"
+
+CALLERS: dict[str, tuple[list[str], list[str]]] = {
+    "std_acme": (["standard_customer"], ["acme"]),
+    "staff_acme": (["business_staff"], ["acme"]),
+    "badmin_acme": (["business_admin"], ["acme"]),
+    "admin_ops": (["admin"], ["crowdvision-ops"]),
+    "std_northwind": (["standard_customer"], ["northwind"]),
+    "std_domain_named_admin": (["standard_customer"], ["admin"]),
+    "std_domain_named_business_admin": (["standard_customer"], ["business_admin"]),
+    "no_memberships": ([], []),
+}
+
+
+@pytest.fixture(scope="module")
+async def retriever(
+    sample_docs_url: str, minilm: SentenceTransformerEmbedder
+) -> AsyncIterator[HybridRetriever]:
+    store = await PgDocumentStore.connect(sample_docs_url, embedding_dim=384, max_size=2)
+    yield HybridRetriever(store, minilm, NoopReranker(), RetrievalConfig(top_k_final=5))
+    await store.close()
+
+
+async def _search(r: HybridRetriever, q: str, caller: str, k: int = 5) -> list[SearchHit]:
+    roles, domains = CALLERS[caller]
+    return await r.search(q, acl=caller_entries(roles, domains), top_k=k)
+
+
+@pytest.mark.parametrize(
+    ("query", "source"),
+    [
+        ("SENSOR_STALE_AFTER_SECONDS", CONFIG_REF),
+        ("DOOR_COUNTER_DRIFT_RESET_HOUR", CONFIG_REF),
+        ("CV-E1033", ERRORS),
+        ("CV-E1014", ERRORS),
+    ],
+)
+async def test_exact_tokens_are_found_by_the_keyword_side(
+    retriever: HybridRetriever, query: str, source: str
+) -> None:
+    hits = await _search(retriever, query, "staff_acme")
+    assert hits[0].source == source
+    assert hits[0].keyword_rank == 1
+    assert query in hits[0].section + hits[0].text
+
+
+@pytest.mark.parametrize(
+    ("query", "source"),
+    [
+        (
+            "Which configuration variable decides at what hour the door-counter people count "
+            "is zeroed every night?",
+            CONFIG_REF,
+        ),
+        (
+            "Our gateway's readings are being dropped because the timestamp is too far "
+            "from server time",
+            ERRORS,
+        ),
+    ],
+)
+async def test_paraphrases_are_found_by_the_vector_side(
+    retriever: HybridRetriever, query: str, source: str
+) -> None:
+    hits = await _search(retriever, query, "staff_acme", k=5)
+    vector_hits = [h for h in hits if h.source == source and h.vector_rank is not None]
+    assert vector_hits, [(h.source, h.section) for h in hits]
+
+
+RESTRICTED = {
+    RUNBOOK: {"admin_ops"},
+    NORTHWIND: {"std_northwind"},
+    BILLING: {"badmin_acme", "admin_ops"},
+}
+PROBES = [
+    "What is Procedure KESTREL-7 and which cvctl command locks out a compromised sensor gateway?",
+    "How often are the signing keys of the claims gateway rotated?",
+    "What does rule set NW-HARBOR-CAP-3 do to the capacity of Dock Hall B?",
+    "Northwind Harbor warehouse cold store dwell escalation extension 4417",
+    "How long is the seat grace period for the SP-25 pack?",
+    "billing seats invoice",
+]
+
+
+@pytest.mark.parametrize("caller", sorted(CALLERS))
+async def test_restricted_pages_reach_exactly_the_callers_allowed(
+    retriever: HybridRetriever, caller: str
+) -> None:
+    seen: set[str] = set()
+    for probe in PROBES:
+        seen.update(h.source for h in await _search(retriever, probe, caller, k=50))
+    for source, allowed in RESTRICTED.items():
+        if caller in allowed:
+            assert source in seen, f"{caller} should see {source}"
+        else:
+            assert source not in seen, f"{caller} must not see {source}"
+    if caller in {"std_acme", "no_memberships", "std_domain_named_admin"}:
+        assert not any(s.startswith(DEV) for s in seen), "developer docs are staff-and-above"
+
+
+async def test_every_candidate_is_visible_to_the_caller(
+    retriever: HybridRetriever, sample_docs_url: str
+) -> None:
+    store = retriever.store
+    assert isinstance(store, PgDocumentStore)
+    acl_by_chunk = {
+        r["id"]: list(r["permissions"])
+        for r in await store.pool.fetch("SELECT id, permissions FROM chunks")
+    }
+    for caller, (roles, domains) in CALLERS.items():
+        held = caller_entries(roles, domains)
+        for probe in PROBES:
+            vec = await retriever.embed_query(probe)
+            for cand in await store.hybrid_candidates(probe, vec, held, k_vector=50, k_keyword=50):
+                assert is_visible(acl_by_chunk[cand.chunk_id], held), (caller, cand.source)
+
+
+async def test_configured_dimension_must_match_the_column(sample_docs_url: str) -> None:
+    with pytest.raises(DimensionMismatchError, match="vector\\(384\\)"):
+        await PgDocumentStore.connect(sample_docs_url, embedding_dim=768)
+
+
+async def test_restrictive_acl_still_fills_k_rows_with_iterative_scan(db_url: str) -> None:
+    """2,000 chunks, 3% visible to one domain: the HNSW side must still return k rows."""
+    rng = np.random.default_rng(7)
+    store = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=2)
+    try:
+        for d in range(20):
+            acl = ["domain:rare"] if d < 1 else ["domain:common"]
+            vecs = rng.normal(size=(100, 384)).astype(np.float32)
+            vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+            await store.write_document(
+                DocumentRecord(
+                    source=f"synthetic/{d}.md",
+                    title=None,
+                    content_hash=str(d),
+                    fingerprint=str(d),
+                    permissions=acl,
+                    chunks=[
+                        ChunkRecord(f"s{d}-{i}", i, f"text {d} {i}", "", "prose", 3, vecs[i])
+                        for i in range(100)
+                    ],
+                )
+            )
+        await store.pool.execute("ANALYZE chunks")
+        query = rng.normal(size=384).astype(np.float32)
+        query /= np.linalg.norm(query)
+        rare = await store.hybrid_candidates(
+            "zzz", query, ["domain:rare"], k_vector=40, k_keyword=40
+        )
+        assert len([c for c in rare if c.vector_rank is not None]) == 40
+        assert all(c.source == "synthetic/0.md" for c in rare)
+        none = await store.hybrid_candidates(
+            "zzz", query, ["domain:nobody"], k_vector=40, k_keyword=40
+        )
+        assert none == []
+    finally:
+        await store.close()
