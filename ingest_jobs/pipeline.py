@@ -114,10 +114,15 @@ class _ChunkStage:
 class _EmbedActor:
     """Ray Data actor-pool callable: one embedder per actor, a batch of chunks per call."""
 
-    def __init__(self, settings_env: dict[str, str]) -> None:
+    def __init__(self, settings_env: dict[str, str], threads: int) -> None:
         from serve_app.config import load_settings
 
         os.environ.update(settings_env)
+        # Ray sets OMP_NUM_THREADS to the actor's CPU request (1), which halves torch's encode
+        # rate on 2 cores; the actors share the machine's cores between them instead.
+        import torch
+
+        torch.set_num_threads(threads)
         self.embedder = build_embedder(load_settings())
 
     def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
@@ -184,7 +189,10 @@ def _iter_ray(
     )
     ds = ds.map_batches(
         _EmbedActor,
-        fn_constructor_args=(_settings_env(settings),),
+        fn_constructor_args=(
+            _settings_env(settings),
+            max(1, (os.cpu_count() or 1) // options.embed_actors),
+        ),
         batch_size=options.batch_size,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=options.embed_actors),

@@ -53,6 +53,13 @@ def upgrade() -> None:
                              || setweight(to_tsvector('english', text), 'B')
                          ) STORED,
             permissions  text[] NOT NULL DEFAULT '{{}}',
+            -- What the ACL filter matches: the permissions, or the '*' sentinel for an empty
+            -- (public) ACL, so "empty OR overlap" is one GIN-indexable overlap test. Typed
+            -- entries always contain ':', so no real entry can equal '*'.
+            acl_match    text[] GENERATED ALWAYS AS (
+                             CASE WHEN cardinality(permissions) = 0 THEN ARRAY['*']
+                                  ELSE permissions END
+                         ) STORED,
             metadata     jsonb NOT NULL DEFAULT '{{}}'::jsonb,
             -- also the relation index (document_id first)
             UNIQUE (document_id, ordinal)
@@ -64,7 +71,7 @@ def upgrade() -> None:
         "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
     )
     op.execute("CREATE INDEX chunks_tsv_gin ON chunks USING gin (tsv)")
-    op.execute("CREATE INDEX chunks_permissions_gin ON chunks USING gin (permissions)")
+    op.execute("CREATE INDEX chunks_acl_match_gin ON chunks USING gin (acl_match)")
     op.execute("CREATE INDEX documents_permissions_gin ON documents USING gin (permissions)")
 
 

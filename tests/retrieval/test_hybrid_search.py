@@ -183,3 +183,17 @@ async def test_restrictive_acl_still_fills_k_rows_with_iterative_scan(db_url: st
         assert none == []
     finally:
         await store.close()
+
+
+async def test_planner_settings_survive_connection_reuse(db_url: str) -> None:
+    """asyncpg's pool runs RESET ALL on release; the search settings must outlive it."""
+    store = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=1, ef_search=123)
+    try:
+        for _ in range(3):
+            async with store.pool.acquire() as conn:
+                assert await conn.fetchval("SHOW hnsw.iterative_scan") == "relaxed_order"
+                assert await conn.fetchval("SHOW hnsw.ef_search") == "123"
+                assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+                await conn.execute("SET hnsw.ef_search = 7")  # reset on release
+    finally:
+        await store.close()

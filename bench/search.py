@@ -1,0 +1,370 @@
+"""Hybrid search latency and vector recall at 10k and 100k chunks, by ACL selectivity.
+
+    python -m bench.search [--sizes 10000,100000] [--queries 200]
+
+Builds a synthetic corpus in its own database on the configured server (embedded by
+default): clustered unit vectors (384 dims, like MiniLM's) and generated text, loaded with
+COPY, then the production HNSW/GIN indexes. For each caller shape (all rows visible, a
+5%-selective ACL, a 0.5%-selective one) it times the production hybrid statement
+(``PgDocumentStore.hybrid_candidates``) and measures recall@10 of its vector side against
+exact search (numpy over the visible rows). The same run times an exact-scan variant of the
+statement (no ANN index) as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+from pgvector.asyncpg import register_vector
+
+from retrieval.store import HYBRID_SQL, PgDocumentStore
+from serve_app.config import load_settings
+from serve_app.database import (
+    ensure_database_exists,
+    migrate,
+    resolve_database_url,
+    with_database,
+)
+
+DIM = 384
+# A Zipf-distributed vocabulary, as in real text: the most frequent ranks are the English stop
+# words of PostgreSQL's english.stop (the 'english' configuration drops them, as it would in
+# real documents and queries); the rest are content words, a few common and most rare.
+STOP_WORDS = [
+    "i",
+    "me",
+    "my",
+    "myself",
+    "we",
+    "our",
+    "ours",
+    "ourselves",
+    "you",
+    "your",
+    "yours",
+    "yourself",
+    "yourselves",
+    "he",
+    "him",
+    "his",
+    "himself",
+    "she",
+    "her",
+    "hers",
+    "herself",
+    "it",
+    "its",
+    "itself",
+    "they",
+    "them",
+    "their",
+    "theirs",
+    "themselves",
+    "what",
+    "which",
+    "who",
+    "whom",
+    "this",
+    "that",
+    "these",
+    "those",
+    "am",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "being",
+    "have",
+    "has",
+    "had",
+    "having",
+    "do",
+    "does",
+    "did",
+    "doing",
+    "a",
+    "an",
+    "the",
+    "and",
+    "but",
+    "if",
+    "or",
+    "because",
+    "as",
+    "until",
+    "while",
+    "of",
+    "at",
+    "by",
+    "for",
+    "with",
+    "about",
+    "against",
+    "between",
+    "into",
+    "through",
+    "during",
+    "before",
+    "after",
+    "above",
+    "below",
+    "to",
+    "from",
+    "up",
+    "down",
+    "in",
+    "out",
+    "on",
+    "off",
+    "over",
+    "under",
+    "again",
+    "further",
+    "then",
+    "once",
+    "here",
+    "there",
+    "when",
+    "where",
+    "why",
+    "how",
+    "all",
+    "any",
+    "both",
+    "each",
+    "few",
+    "more",
+    "most",
+    "other",
+    "some",
+    "such",
+    "no",
+    "nor",
+    "not",
+    "only",
+    "own",
+    "same",
+    "so",
+    "than",
+    "too",
+    "very",
+    "s",
+]
+VOCAB = STOP_WORDS + [f"w{i}x" for i in range(20_000 - len(STOP_WORDS))]
+ZIPF = 1.0 / np.arange(1, len(VOCAB) + 1) ** 1.1
+ZIPF /= ZIPF.sum()
+
+CALLERS = {
+    "all visible": ["domain:common", "domain:five", "domain:rare"],
+    "5% ACL": ["domain:five"],
+    "0.5% ACL": ["domain:rare"],
+}
+
+
+@dataclass
+class Corpus:
+    vectors: npt.NDArray[np.float32]
+    acl: list[str]
+
+
+def make_corpus(n: int, rng: np.random.Generator) -> Corpus:
+    centroids = rng.normal(size=(max(8, n // 500), DIM)).astype(np.float32)
+    labels = rng.integers(0, len(centroids), size=n)
+    vecs = centroids[labels] + 0.6 * rng.normal(size=(n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    u = rng.random(n)
+    acl = [
+        "domain:rare" if x < 0.005 else "domain:five" if x < 0.055 else "domain:common" for x in u
+    ]
+    return Corpus(vecs.astype(np.float32), acl)
+
+
+async def load(url: str, corpus: Corpus, rng: np.random.Generator) -> None:
+    conn = await asyncpg.connect(url)
+    await register_vector(conn)
+    try:
+        await conn.execute("DROP INDEX IF EXISTS chunks_embedding_hnsw")
+        n = len(corpus.acl)
+        per_doc = 100
+        docs = [
+            (f"synthetic/{d}.md", f"h{d}", f"f{d}", per_doc)
+            for d in range((n + per_doc - 1) // per_doc)
+        ]
+        await conn.copy_records_to_table(
+            "documents",
+            records=docs,
+            columns=["source", "content_hash", "fingerprint", "chunk_count"],
+        )
+        ids = await conn.fetch("SELECT id FROM documents ORDER BY id")
+        doc_ids = [r["id"] for r in ids]
+        words = np.array(VOCAB)
+        records = []
+        for i in range(n):
+            text = " ".join(words[rng.choice(len(words), size=40, p=ZIPF)])
+            records.append(
+                (
+                    f"c{i:07d}",
+                    doc_ids[i // per_doc],
+                    i % per_doc,
+                    text,
+                    "",
+                    "prose",
+                    40,
+                    corpus.vectors[i],
+                    [corpus.acl[i]],
+                )
+            )
+        await conn.copy_records_to_table(
+            "chunks",
+            records=records,
+            columns=[
+                "id",
+                "document_id",
+                "ordinal",
+                "text",
+                "section",
+                "kind",
+                "token_count",
+                "embedding",
+                "permissions",
+            ],
+        )
+        await conn.execute("SET maintenance_work_mem = '1GB'")
+        await conn.execute("SET max_parallel_maintenance_workers = 1")
+        await conn.execute(
+            "CREATE INDEX chunks_embedding_hnsw ON chunks "
+            "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
+        )
+        await conn.execute("VACUUM ANALYZE chunks")
+    finally:
+        await conn.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def run_size(
+    admin_url: str, n: int, queries: int, rng: np.random.Generator
+) -> list[dict[str, Any]]:
+    name = f"bench_search_{uuid.uuid4().hex[:8]}"
+    await ensure_database_exists(admin_url, name)
+    url = with_database(admin_url, name)
+    await asyncio.to_thread(migrate, url, DIM)
+    corpus = make_corpus(n, rng)
+    t0 = time.perf_counter()
+    await load(url, corpus, rng)
+    load_s = time.perf_counter() - t0
+    store = await PgDocumentStore.connect(url, embedding_dim=DIM, min_size=1, max_size=1)
+    exact_conn = await asyncpg.connect(url)
+    await register_vector(exact_conn)
+    # The exact-scan baseline: same statement, ANN index off, distinct SQL text so no cached
+    # plan from the indexed runs is reused (NOTES.md pitfall).
+    await exact_conn.execute("SET enable_indexscan = off; SET plan_cache_mode = force_custom_plan")
+    exact_sql = "/* exact */ " + HYBRID_SQL
+    rows: list[dict[str, Any]] = []
+    try:
+        qidx = rng.integers(0, n, size=queries)
+        # A query near a stored chunk (noise of norm ~0.3 against unit vectors), as a
+        # paraphrase is near the passage that answers it.
+        noise = rng.normal(size=(queries, DIM)).astype(np.float32) * (0.3 / np.sqrt(DIM))
+        qvecs = corpus.vectors[qidx] + noise
+        qvecs /= np.linalg.norm(qvecs, axis=1, keepdims=True)
+        qtexts = [" ".join(rng.choice(VOCAB, size=3, p=ZIPF)) for _ in range(queries)]
+        acl_arr = np.array(corpus.acl)
+        for label, held in CALLERS.items():
+            visible = np.isin(acl_arr, held)
+            vis_idx = np.nonzero(visible)[0]
+            lat: list[float] = []
+            exact_lat: list[float] = []
+            recalls: list[float] = []
+            for qi in range(min(queries, 50)):  # warm-up: a serving process is warm
+                await store.hybrid_candidates(
+                    qtexts[qi], qvecs[qi], held, k_vector=40, k_keyword=40
+                )
+            for qi in range(queries):
+                vec = qvecs[qi].astype(np.float32)
+                start = time.perf_counter()
+                cands = await store.hybrid_candidates(
+                    qtexts[qi], vec, held, k_vector=40, k_keyword=40
+                )
+                lat.append((time.perf_counter() - start) * 1000)
+                got = {
+                    c.chunk_id for c in cands if c.vector_rank is not None and c.vector_rank <= 10
+                }
+                sims = corpus.vectors[vis_idx] @ vec
+                top = vis_idx[np.argsort(-sims)[:10]]
+                truth = {f"c{i:07d}" for i in top}
+                recalls.append(len(got & truth) / max(1, len(truth)))
+                if qi < min(queries, 40):
+                    start = time.perf_counter()
+                    await exact_conn.fetch(exact_sql, vec, ["*", *held], 40, qtexts[qi], 40)
+                    exact_lat.append((time.perf_counter() - start) * 1000)
+            rows.append(
+                {
+                    "chunks": n,
+                    "caller": label,
+                    "visible": int(visible.sum()),
+                    "p50_ms": statistics.median(lat),
+                    "p99_ms": percentile(lat, 0.99),
+                    "recall@10": statistics.mean(recalls),
+                    "min_recall@10": min(recalls),
+                    "exact_p50_ms": statistics.median(exact_lat),
+                    "load_s": load_s,
+                }
+            )
+    finally:
+        await exact_conn.close()
+        await store.close()
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+    return rows
+
+
+async def main_async(sizes: list[int], queries: int) -> None:
+    settings = load_settings()
+    url = await resolve_database_url(settings)
+    admin_url = with_database(url, "postgres")  # where CREATE DATABASE runs
+    rng = np.random.default_rng(20261130)
+    print(
+        f"{'chunks':>7} {'caller':<12} {'visible':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'recall@10':>9} {'min':>5} {'exact p50':>9}"
+    )
+    for n in sizes:
+        for r in await run_size(admin_url, n, queries, rng):
+            print(
+                f"{r['chunks']:>7} {r['caller']:<12} {r['visible']:>8} {r['p50_ms']:>7.2f} "
+                f"{r['p99_ms']:>7.2f} {r['recall@10']:>9.3f} {r['min_recall@10']:>5.2f} "
+                f"{r['exact_p50_ms']:>9.2f}",
+                flush=True,
+            )
+        print(f"  (load + index build of {n} chunks: {r['load_s']:.1f}s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(main_async([int(s) for s in args.sizes.split(",")], args.queries))
+
+
+if __name__ == "__main__":
+    main()
