@@ -1,0 +1,100 @@
+"""The shapes the agent hands back: ``AgentAnswer`` (the ``/ask`` response body) and the
+stream events (``tool``, ``token``, ``citation``, ``done``).
+
+Pydantic models, so the ingress serialises them as they are (``model_dump(mode="json")``) and
+they cross a Ray Serve handle boundary unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Decision = Literal[
+    "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
+]
+
+
+class CitationOut(BaseModel):
+    chunk_id: str
+    source: str
+    section: str | None
+    snippet: str
+
+
+class ToolCallTrace(BaseModel):
+    name: str
+    arguments: dict[str, Any]
+    ok: bool
+    error: str | None = None
+    duration_ms: float
+
+
+class HopUsageOut(BaseModel):
+    hop: int
+    input_tokens: int
+    output_tokens: int
+
+
+class UsageOut(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    hops: list[HopUsageOut] = Field(default_factory=list)
+
+
+class CostOut(BaseModel):
+    estimated_usd: float | None = None
+    provider_usd: float | None = None
+
+
+class RetrievalOut(BaseModel):
+    hallucinated_citations: list[str] = Field(default_factory=list)
+    chunks_seen: int = 0  # distinct chunks search_docs returned during the run
+    chunk_ids: list[str] = Field(default_factory=list)
+
+
+class AgentError(BaseModel):
+    """Why a run ended in ``provider_error`` (safe to show: no keys, no provider bodies)."""
+
+    code: Literal["provider_unavailable", "provider_rejected", "malformed_reply"]
+    message: str
+    status_code: int | None = None  # the provider's HTTP status, when there was one
+
+
+class AgentAnswer(BaseModel):
+    answer: str
+    citations: list[CitationOut] = Field(default_factory=list)
+    tool_calls: list[ToolCallTrace] = Field(default_factory=list)
+    usage: UsageOut = Field(default_factory=UsageOut)
+    cost: CostOut = Field(default_factory=CostOut)
+    idk: bool = False
+    decision: Decision
+    retrieval: RetrievalOut = Field(default_factory=RetrievalOut)
+    model: str
+    trace_id: str | None = None
+    notes: list[str] = Field(default_factory=list)  # e.g. "declined after 2 tool calls"
+    error: AgentError | None = None
+
+
+class ToolEvent(BaseModel):
+    type: Literal["tool"] = "tool"
+    call: ToolCallTrace
+
+
+class TokenEvent(BaseModel):
+    type: Literal["token"] = "token"
+    text: str
+
+
+class CitationEvent(BaseModel):
+    type: Literal["citation"] = "citation"
+    citation: CitationOut
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    response: AgentAnswer
+
+
+AgentEvent = ToolEvent | TokenEvent | CitationEvent | DoneEvent

@@ -1,0 +1,1 @@
+"""The ``LLMClient`` port and its OpenAI-compatible adapter."""

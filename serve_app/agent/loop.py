@@ -1,0 +1,475 @@
+"""``Agent``: the bounded tool-calling loop behind ``POST /ask``.
+
+Each hop sends the conversation plus the tool schemas to the model. A reply with tool calls
+runs them concurrently through the ``ToolExecutor`` (errors come back to the model as tool results,
+never raised), appends the results and goes round again; a final reply is classified
+(answered / idk / declined), its citation markers are validated against the chunks
+``search_docs`` returned, and invented markers are stripped. At most ``MAX_TOOL_HOPS`` model
+calls: a model still asking for tools after that gets the IDK marker and
+``tool_loop_exhausted``. Provider failures (after the client's retries) end the run with
+``provider_error`` and a clean message; nothing is raised to the caller.
+
+``stream`` yields ``tool`` events as tools finish, ``token`` events as text arrives (through
+``CitationStreamFilter``, so an invented marker is never sent), ``citation`` events for each
+valid marker, then one ``done`` event carrying the full ``AgentAnswer``. ``answer`` runs the
+same loop with non-streaming model calls. The ``done`` answer is authoritative: a model that
+writes a preamble before calling tools ("Let me check.") has that preamble streamed as tokens,
+but only the final hop's text is the answer.
+
+Plain async Python: no Ray, no FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field
+from typing import Literal
+
+from serve_app.agent.access import DomainAuthorizer
+from serve_app.agent.answer import (
+    AgentAnswer,
+    AgentError,
+    AgentEvent,
+    CitationEvent,
+    CitationOut,
+    CostOut,
+    Decision,
+    DoneEvent,
+    HopUsageOut,
+    RetrievalOut,
+    TokenEvent,
+    ToolCallTrace,
+    ToolEvent,
+    UsageOut,
+)
+from serve_app.agent.citations import (
+    ChunkInfo,
+    Citation,
+    CitationStreamFilter,
+    extract_citations,
+    snippet,
+)
+from serve_app.agent.llm.base import (
+    ChatRequest,
+    ChatResult,
+    Completed,
+    LLMClient,
+    LLMError,
+    MalformedReply,
+    Message,
+    ProviderRejected,
+    TextDelta,
+    ToolCall,
+)
+from serve_app.agent.prompts import (
+    DECLINE_TEXT,
+    IDK_MARKER,
+    Mode,
+    SystemPrompt,
+    is_idk,
+    is_refusal,
+    load_system_prompt,
+)
+from serve_app.agent.tools import build_default_registry
+from serve_app.agent.tools.base import ChunkSink, Retriever
+from serve_app.agent.tools.downstream import Downstream
+from serve_app.agent.tools.executor import LocalToolExecutor, ToolExecutor, ToolRequest
+from serve_app.agent.tools.registry import DEFAULT_TIMEOUT_SECONDS, ToolOutcome
+from serve_app.agent.usage import PriceTable, RunUsage, default_price_table
+from serve_app.config import Settings
+from serve_app.identity import AuthUser
+
+__all__ = ["Agent", "AgentAnswer", "AgentEvent"]
+
+log = logging.getLogger(__name__)
+
+PROVIDER_UNAVAILABLE_TEXT = (
+    "The assistant is temporarily unavailable: the language model did not respond. "
+    "Please try again in a moment."
+)
+PROVIDER_REJECTED_TEXT = (
+    "The assistant could not get an answer from the language model. Please try again later."
+)
+MALFORMED_TEXT = "The assistant could not understand the language model's reply. Please try again."
+MAX_MALFORMED_REPLIES = 2  # consecutive unusable replies before giving up (provider_error)
+
+
+def _retry_note(error: MalformedReply) -> str:
+    return (
+        f"Your previous reply could not be used: {error}. "
+        "Reply again, following the required format exactly."
+    )
+
+
+@dataclass
+class _Run:
+    """The mutable state of one question."""
+
+    request: ToolRequest
+    model: str
+    usage: RunUsage
+    messages: list[Message] = field(default_factory=list)
+    traces: list[ToolCallTrace] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    malformed: int = 0
+    seen_chunks: ChunkSink = field(default_factory=ChunkSink)
+
+    def retrieved(self) -> dict[str, ChunkInfo]:
+        return {
+            hit.chunk_id: ChunkInfo(hit.source, hit.section, hit.text) for hit in self.seen_chunks
+        }
+
+
+def _citation_out(citation: Citation) -> CitationOut:
+    return CitationOut(
+        chunk_id=citation.chunk_id,
+        source=citation.source,
+        section=citation.section,
+        snippet=citation.snippet,
+    )
+
+
+def _trace(outcome: ToolOutcome) -> ToolCallTrace:
+    return ToolCallTrace(
+        name=outcome.name,
+        arguments=outcome.arguments,
+        ok=outcome.ok,
+        error=outcome.error,
+        duration_ms=outcome.duration_ms,
+    )
+
+
+class Agent:
+    """The agent core. Build one per process; ``answer``/``stream`` are safe to run
+    concurrently (all per-request state lives in the run). Tools run through a
+    ``ToolExecutor`` (in-process by default, see ``from_settings``)."""
+
+    def __init__(
+        self,
+        *,
+        llm: LLMClient,
+        tools: ToolExecutor,
+        settings: Settings,
+        prompt: SystemPrompt | None = None,
+        tool_calling_mode: Mode | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        self.llm = llm
+        self.tools = tools
+        self.settings = settings
+        self.prompt = prompt or load_system_prompt()
+        self.mode: Mode = tool_calling_mode or settings.tool_calling_mode
+        self.prices = prices or default_price_table()
+        self.max_hops = settings.max_tool_hops
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        llm: LLMClient,
+        authorizer: DomainAuthorizer,
+        downstream: Downstream,
+        retriever: Retriever | None = None,
+    ) -> Agent:
+        """The default wiring: the eight tools run in-process, the v1 prompt, the configured
+        mode. A tool may make up to four sequential downstream calls, so its timeout follows
+        ``TWIN_TIMEOUT_SECONDS`` (never under 30 s, which also covers ``search_docs``)."""
+        timeout = max(DEFAULT_TIMEOUT_SECONDS, 4 * settings.twin_timeout_seconds)
+        tools = LocalToolExecutor(
+            build_default_registry(timeout_seconds=timeout),
+            downstream=downstream,
+            settings=settings,
+            authorizer=authorizer,
+            retriever=retriever,
+        )
+        return cls(llm=llm, tools=tools, settings=settings)
+
+    # --- public API ---------------------------------------------------------------------------
+
+    async def answer(
+        self,
+        question: str,
+        user: AuthUser,
+        *,
+        model: str | None = None,
+        top_k: int | None = None,
+    ) -> AgentAnswer:
+        """Run the loop to completion (non-streaming model calls)."""
+        done: AgentAnswer | None = None
+        events = self._run(question, user, model=model, top_k=top_k, streaming=False)
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, DoneEvent):
+                    done = event.response
+        if done is None:  # pragma: no cover - every path ends with a done event
+            raise RuntimeError("the agent loop ended without a done event")
+        return done
+
+    async def stream(
+        self,
+        question: str,
+        user: AuthUser,
+        *,
+        model: str | None = None,
+        top_k: int | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        """Run the loop, yielding tool/token/citation events and finally one done event.
+        Closing the stream early (``aclose``, a client disconnect) cancels running tools."""
+        events = self._run(question, user, model=model, top_k=top_k, streaming=True)
+        async with aclosing(events):
+            async for event in events:
+                yield event
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        question: str,
+        user: AuthUser,
+        *,
+        model: str | None,
+        top_k: int | None,
+        streaming: bool,
+    ) -> AsyncGenerator[AgentEvent, None]:
+        specs = self.tools.specs()
+        run = _Run(
+            request=ToolRequest(user=user, top_k=top_k),
+            model=model or self.llm.default_model,
+            usage=RunUsage(prices=self.prices),
+            messages=[
+                Message("system", self.prompt.render(self.mode, specs)),
+                Message("user", question),
+            ],
+        )
+        for hop in range(1, self.max_hops + 1):
+            request = ChatRequest(messages=tuple(run.messages), tools=specs, model=model)
+            retrieved = run.retrieved()
+            stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
+            result: ChatResult | None = None
+            try:
+                if streaming:
+                    hop_events = self._stream_hop(request, stream_filter, retrieved)
+                    async with aclosing(hop_events):
+                        async for event in hop_events:
+                            if isinstance(event, ChatResult):
+                                result = event
+                            else:
+                                yield event
+                else:
+                    result = await self.llm.chat(request)
+            except MalformedReply as exc:
+                run.malformed += 1
+                log.warning("hop %d: malformed reply (%d): %s", hop, run.malformed, exc)
+                if run.malformed >= MAX_MALFORMED_REPLIES:
+                    yield self._provider_error(run, exc)
+                    return
+                run.messages.append(Message("user", _retry_note(exc)))
+                continue
+            except LLMError as exc:
+                log.warning("hop %d: provider error: %s", hop, exc)
+                yield self._provider_error(run, exc)
+                return
+            if result is None:  # pragma: no cover - the client contract ends with Completed
+                yield self._provider_error(run, MalformedReply("the reply stream ended early"))
+                return
+            run.malformed = 0
+            run.model = result.model or run.model
+            run.usage.record(result.usage, run.model, hop=hop)
+
+            if result.kind == "tool_calls" and result.tool_calls:
+                if hop == self.max_hops:
+                    names = ", ".join(call.name for call in result.tool_calls)
+                    run.notes.append(
+                        f"tool loop exhausted after {hop} model calls; "
+                        f"the model still asked for: {names}"
+                    )
+                    break
+                run.messages.append(
+                    Message("assistant", result.text, tool_calls=tuple(result.tool_calls))
+                )
+                tool_events = self._run_tools(run, result.tool_calls)
+                async with aclosing(tool_events):
+                    async for tool_event in tool_events:
+                        yield tool_event
+                continue
+
+            async for event in self._finish(run, result, streaming):
+                yield event
+            return
+
+        text = IDK_MARKER
+        if streaming:
+            yield TokenEvent(text=text)
+        yield DoneEvent(response=self._response(run, text, "tool_loop_exhausted", idk=True))
+
+    async def _stream_hop(
+        self,
+        request: ChatRequest,
+        stream_filter: CitationStreamFilter,
+        retrieved: dict[str, ChunkInfo],
+    ) -> AsyncGenerator[AgentEvent | ChatResult, None]:
+        """One streamed model call: filtered tokens and citations as they arrive, then the
+        finished ``ChatResult``."""
+
+        def citation_events() -> list[AgentEvent]:
+            events: list[AgentEvent] = []
+            for chunk_id in stream_filter.pop_citations():
+                chunk = retrieved[chunk_id]
+                citation = Citation(chunk_id, chunk.source, chunk.section, snippet(chunk.text))
+                events.append(CitationEvent(citation=_citation_out(citation)))
+            return events
+
+        source = self.llm.stream(request)
+        try:
+            async for event in source:
+                if isinstance(event, TextDelta):
+                    text = stream_filter.feed(event.text)
+                    if text:
+                        yield TokenEvent(text=text)
+                    for citation_event in citation_events():
+                        yield citation_event
+                elif isinstance(event, Completed):
+                    tail = stream_filter.flush()
+                    if tail:
+                        yield TokenEvent(text=tail)
+                    for citation_event in citation_events():
+                        yield citation_event
+                    yield event.result
+                    return
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with suppress(Exception):
+                    await aclose()
+
+    async def _run_tools(
+        self, run: _Run, calls: tuple[ToolCall, ...] | list[ToolCall]
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """Run one hop's tool calls concurrently; yield a tool event as each finishes;
+        append the results to the conversation in call order."""
+        tasks = [
+            asyncio.create_task(self.tools.execute(call, run.request), name=f"tool:{call.name}")
+            for call in calls
+        ]
+        try:
+            for finished in asyncio.as_completed(tasks):
+                outcome = await finished
+                yield ToolEvent(call=_trace(outcome))
+        finally:
+            pending = [task for task in tasks if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:  # the stream was closed early: wait for the cancellations to land
+                await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            outcome = task.result()
+            run.seen_chunks.add(outcome.chunks)
+            run.traces.append(_trace(outcome))
+            run.messages.append(
+                Message(
+                    "tool", outcome.result_json, tool_call_id=outcome.call_id, name=outcome.name
+                )
+            )
+
+    async def _finish(
+        self,
+        run: _Run,
+        result: ChatResult,
+        streaming: bool,
+    ) -> AsyncIterator[AgentEvent]:
+        """Classify the final reply, validate its citations, yield the done event."""
+        if result.kind == "decline":
+            if streaming:
+                yield TokenEvent(text=DECLINE_TEXT)
+            yield DoneEvent(response=self._declined(run, DECLINE_TEXT, result))
+            return
+        if result.kind == "idk":
+            if streaming:
+                yield TokenEvent(text=IDK_MARKER)
+            yield DoneEvent(response=self._response(run, IDK_MARKER, "idk", idk=True))
+            return
+
+        raw = (result.text or "").strip()
+        if not raw:
+            if streaming:
+                yield TokenEvent(text=IDK_MARKER)
+            run.notes.append("the model returned an empty answer")
+            yield DoneEvent(response=self._response(run, IDK_MARKER, "idk", idk=True))
+            return
+        checked = extract_citations(result.text or "", run.retrieved())
+        answer = checked.answer.strip()
+        citations = [_citation_out(c) for c in checked.citations]
+        if is_refusal(answer):
+            yield DoneEvent(response=self._declined(run, answer, result))
+            return
+        decision: Decision = "idk" if is_idk(answer) else "answered"
+        yield DoneEvent(
+            response=self._response(
+                run,
+                answer,
+                decision,
+                idk=decision == "idk",
+                citations=citations,
+                hallucinated=checked.hallucinated,
+            )
+        )
+
+    # --- building the response ----------------------------------------------------------------
+
+    def _declined(self, run: _Run, text: str, result: ChatResult) -> AgentAnswer:
+        if run.traces:
+            run.notes.append(f"declined after {len(run.traces)} tool call(s)")
+        if result.reason:
+            run.notes.append(f"model reason: {result.reason[:200]}")
+        return self._response(run, text, "declined_out_of_scope")
+
+    def _provider_error(self, run: _Run, error: LLMError) -> DoneEvent:
+        code: Literal["provider_unavailable", "provider_rejected", "malformed_reply"]
+        if isinstance(error, MalformedReply):
+            code, text = "malformed_reply", MALFORMED_TEXT
+        elif isinstance(error, ProviderRejected):
+            code, text = "provider_rejected", PROVIDER_REJECTED_TEXT
+        else:
+            code, text = "provider_unavailable", PROVIDER_UNAVAILABLE_TEXT
+        response = self._response(run, text, "provider_error")
+        response.error = AgentError(code=code, message=str(error), status_code=error.status_code)
+        return DoneEvent(response=response)
+
+    def _response(
+        self,
+        run: _Run,
+        text: str,
+        decision: Decision,
+        *,
+        idk: bool = False,
+        citations: list[CitationOut] | None = None,
+        hallucinated: list[str] | None = None,
+    ) -> AgentAnswer:
+        usage = run.usage.usage_dict()
+        cost = run.usage.cost_dict()
+        chunk_ids = [hit.chunk_id for hit in run.seen_chunks]
+        return AgentAnswer(
+            answer=text,
+            citations=citations or [],
+            tool_calls=list(run.traces),
+            usage=UsageOut(
+                input_tokens=usage["input_tokens"],
+                output_tokens=usage["output_tokens"],
+                hops=[HopUsageOut(**hop) for hop in usage["hops"]],
+            ),
+            cost=CostOut(estimated_usd=cost["estimated_usd"], provider_usd=cost["provider_usd"]),
+            idk=idk,
+            decision=decision,
+            retrieval=RetrievalOut(
+                hallucinated_citations=hallucinated or [],
+                chunks_seen=len(chunk_ids),
+                chunk_ids=chunk_ids,
+            ),
+            model=run.model,
+            trace_id=None,
+            notes=list(run.notes),
+        )
