@@ -109,7 +109,14 @@ WITH vec AS MATERIALIZED (
     SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS rank FROM vec
 ), kw AS MATERIALIZED (
     SELECT c.id, ts_rank_cd(c.tsv, q.query, 32) AS score
-    FROM chunks c, websearch_to_tsquery('english', $4) AS q(query)
+    FROM chunks c, (
+        -- Questions are sentences: match ANY of their words (ts_rank_cd ranks chunks with
+        -- more of them, closer together, higher). Quoted phrases keep their <-> operators;
+        -- a query with a negation (-word) keeps websearch's AND semantics.
+        SELECT CASE WHEN strpos(t, '!') > 0 THEN t::tsquery
+                    ELSE replace(t, ' & ', ' | ')::tsquery END
+        FROM (SELECT websearch_to_tsquery('english', $4)::text AS t) AS w
+    ) AS q(query)
     WHERE c.tsv @@ q.query AND {ACL_PREDICATE}
     ORDER BY score DESC, c.id
     LIMIT $5

@@ -89,9 +89,11 @@ async def test_exact_tokens_are_found_by_the_keyword_side(
 async def test_paraphrases_are_found_by_the_vector_side(
     retriever: HybridRetriever, query: str, source: str
 ) -> None:
-    hits = await _search(retriever, query, "staff_acme", k=5)
-    vector_hits = [h for h in hits if h.source == source and h.vector_rank is not None]
-    assert vector_hits, [(h.source, h.section) for h in hits]
+    hits = await _search(retriever, query, "staff_acme", k=10)
+    vector_hits = [
+        h for h in hits if h.source == source and h.vector_rank is not None and h.vector_rank <= 3
+    ]
+    assert vector_hits, [(h.source, h.section, h.vector_rank) for h in hits]
 
 
 RESTRICTED = {
@@ -197,3 +199,25 @@ async def test_planner_settings_survive_connection_reuse(db_url: str) -> None:
                 await conn.execute("SET hnsw.ef_search = 7")  # reset on release
     finally:
         await store.close()
+
+
+async def test_keyword_side_matches_any_word_of_a_question(retriever: HybridRetriever) -> None:
+    """websearch_to_tsquery ANDs every word; a question rarely has all of its words in one
+    chunk, so the keyword side ORs them and lets ts_rank_cd order by how many match."""
+    hits = await _search(
+        retriever, "How long is the alert cooldown and how do I change it?", "std_acme"
+    )
+    assert hits[0].keyword_rank is not None
+    assert "cooldown" in (hits[0].section + hits[0].text).lower()
+
+
+async def test_a_negated_word_keeps_and_semantics(retriever: HybridRetriever) -> None:
+    vec = await retriever.embed_query("cooldown -alert")
+    held = caller_entries(["standard_customer"], [])
+    cands = await retriever.store.hybrid_candidates(
+        "cooldown -alert", vec, held, k_vector=5, k_keyword=50
+    )
+    for cand in cands:
+        if cand.keyword_rank is not None:
+            text = (cand.section + " " + cand.text).lower()
+            assert "cooldown" in text and "alert" not in text
