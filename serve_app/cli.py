@@ -181,12 +181,15 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
                 TimeElapsedColumn(),
                 console=console,
                 transient=False,
-                disable=args.quiet,
+                disable=args.quiet or args.json_lines,
             ) as bar:
                 task = bar.add_task("ingesting documents", total=None)
 
                 def progress(event: str, done: int, total: int) -> None:
                     bar.update(task, completed=done, total=total)
+                    if args.json_lines:
+                        line = {"event": "progress", "done": done, "total": total}
+                        print(json.dumps(line), file=out, flush=True)
 
                 report = await run_ingest(
                     store, settings, options, embedder=embedder, progress=progress
@@ -198,7 +201,9 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     result = asyncio.run(run())
     for reason in result["skip_reasons"]:  # type: ignore[attr-defined]
         console.print(f"[yellow]skipped[/yellow] {reason}")
-    if args.json:
+    if args.json_lines:
+        print(json.dumps({"event": "report", **result}), file=out, flush=True)
+    elif args.json:
         print(json.dumps(result, indent=2), file=out)
     else:
         print(
@@ -305,6 +310,116 @@ def cmd_search(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     return EXIT_OK
 
 
+# --- serve / stop / ask ---
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from serve_app.runner import RunnerError, serve
+
+    asyncio.run(_db_up(settings))
+    try:
+        state = serve(
+            settings,
+            simulators=settings.start_simulators and not args.no_simulators,
+            local_llm=False if args.no_local_llm else (True if args.local_llm else None),
+        )
+    except RunnerError as exc:
+        raise CliError(str(exc)) from None
+    for note in state.notes:
+        print(f"note: {note}", file=out)
+    print(f"API        {state.api_url}  (docs: {state.api_url}/docs)", file=out)
+    print(f"dashboard  {state.dashboard_url}  (token: ~/.ray/auth_token)", file=out)
+    if state.local_llm:
+        print(f"local LLM  http://{settings.serve_host}:{settings.serve_port}/llm/v1", file=out)
+    print("stop with: agent-service stop", file=out)
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from serve_app.runner import stop
+
+    done = stop(settings)
+    print("\n".join(done) if done else "nothing was running", file=out)
+    return EXIT_OK
+
+
+def claims_header(sub: str, roles: list[str], domains: list[str]) -> str:
+    """An ``x-gateway-claims`` value as the mesh sets it (memberships: domain x role)."""
+    import base64
+
+    memberships = [{"domain": d, "role": r} for d in (domains or [""]) for r in roles]
+    payload = {"sub": sub, "memberships": memberships}
+    return base64.b64encode(json.dumps(payload).encode()).decode()
+
+
+def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    import httpx
+
+    base = args.url or f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+    headers = {"x-gateway-claims": claims_header(args.sub, _csv(args.roles), _csv(args.domains))}
+    body: dict[str, Any] = {"question": args.question, "stream": args.stream}
+    if args.top_k:
+        body["top_k"] = args.top_k
+    if args.model:
+        body["model"] = args.model
+    timeout = httpx.Timeout(settings.serve_ready_timeout_s, connect=10)
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            if args.stream:
+                result = _ask_stream(client, f"{base}/ask", headers, body, out)
+            else:
+                resp = client.post(f"{base}/ask", json=body, headers=headers)
+                result = resp.json()
+                if resp.status_code >= 400 and "error" in result and "answer" not in result:
+                    raise CliError(f"HTTP {resp.status_code}: {result['error']['message']}")
+    except httpx.HTTPError as exc:
+        raise CliError(f"could not reach {base} ({type(exc).__name__}); is it running?") from None
+    if args.json:
+        print(json.dumps(result, indent=2), file=out)
+        return EXIT_OK
+    if not args.stream:
+        print(result.get("answer", ""), file=out)
+    print(f"\n[decision: {result.get('decision')}, model: {result.get('model')}]", file=out)
+    for cite in result.get("citations", []):
+        print(f"  [^{cite['chunk_id']}] {cite['source']} > {cite.get('section') or ''}", file=out)
+    for call in result.get("tool_calls", []):
+        status = "ok" if call["ok"] else f"error: {call['error']}"
+        print(
+            f"  tool {call['name']}({json.dumps(call['arguments'])}) "
+            f"{call['duration_ms']:.0f} ms {status}",
+            file=out,
+        )
+    usage = result.get("usage", {})
+    print(
+        f"  tokens in/out: {usage.get('input_tokens')}/{usage.get('output_tokens')}, "
+        f"cost: {result.get('cost')}",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def _ask_stream(
+    client: Any, url: str, headers: dict[str, str], body: dict[str, Any], out: TextIO
+) -> dict[str, Any]:
+    """Print tokens as they arrive; return the ``done`` event's response."""
+    event = ""
+    final: dict[str, Any] = {}
+    with client.stream("POST", url, json=body, headers=headers) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line.split(":", 1)[1])
+                if event == "token":
+                    print(data.get("text", ""), end="", file=out, flush=True)
+                elif event == "done":
+                    final = data.get("response", data)
+                elif event == "error":
+                    raise CliError(data.get("error", {}).get("message", "stream failed"))
+    print(file=out)
+    return final
+
+
 # --- parser ---
 
 
@@ -359,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--actors", type=int, help="embedding actors (INGEST_EMBED_ACTORS)")
     ingest.add_argument("--json", action="store_true", help="print the report as JSON")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.add_argument(
+        "--json-lines",
+        action="store_true",
+        help="machine-readable progress: one JSON line per document written, then the report",
+    )
     ingest.set_defaults(handler=cmd_ingest)
 
     search = sub.add_parser(
@@ -376,6 +496,41 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print JSON")
     search.add_argument("--batch", metavar="FILE", help="JSON-lines file of queries")
     search.set_defaults(handler=cmd_search)
+
+    serve_cmd = sub.add_parser(
+        "serve",
+        help="start the whole service on this machine (database, simulators, Ray Serve, "
+        "local LLM) and return when it is ready",
+        description="Migrates the database, starts the twin/sensor simulators (unless "
+        "TWIN_SERVICE_URL points elsewhere), a Ray head node (reused if running), and the Serve "
+        "applications of serve_config.yaml with the resolved settings. Without a provider key "
+        "the local LLM app serves Qwen2.5-Coder-1.5B and the agent uses it in json_schema mode.",
+    )
+    serve_cmd.add_argument("--no-simulators", action="store_true", help="do not start them")
+    llm_group = serve_cmd.add_mutually_exclusive_group()
+    llm_group.add_argument("--no-local-llm", action="store_true", help="use LLM_BASE_URL")
+    llm_group.add_argument("--local-llm", action="store_true", help="even with a provider key")
+    serve_cmd.set_defaults(handler=cmd_serve)
+
+    stop_cmd = sub.add_parser("stop", help="stop what `agent-service serve` started")
+    stop_cmd.set_defaults(handler=cmd_stop)
+
+    ask = sub.add_parser(
+        "ask",
+        help="ask the running service a question over HTTP, as a given caller",
+        description="POSTs to /ask with an x-gateway-claims header for --sub/--roles/--domains "
+        "(as the mesh would set it) and prints the answer, citations and tool trace.",
+    )
+    ask.add_argument("question")
+    ask.add_argument("--url", help="API base URL (default: the local service)")
+    ask.add_argument("--sub", default="demo-user")
+    ask.add_argument("--roles", default="business_staff")
+    ask.add_argument("--domains", default="northwind")
+    ask.add_argument("--stream", action="store_true", help="stream tokens (SSE)")
+    ask.add_argument("--top-k", type=int)
+    ask.add_argument("--model", help="answer-model override (role-gated)")
+    ask.add_argument("--json", action="store_true", help="print the response JSON")
+    ask.set_defaults(handler=cmd_ask)
     return parser
 
 

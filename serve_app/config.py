@@ -148,10 +148,39 @@ class Settings(BaseSettings):
     twin_service_url: str = "http://127.0.0.1:8101"
     sensor_service_url: str = "http://127.0.0.1:8102"
     twin_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    tool_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="Per tool call. Unset: max(30, 4 x TWIN_TIMEOUT_SECONDS), since a tool "
+        "may make up to four sequential downstream calls.",
+    )
 
     # --- auth ---
     require_auth: bool = True
     eval_jwt_secret: SecretStr | None = None
+
+    # --- running the service (agent-service serve) ---
+    serve_host: str = Field(default="127.0.0.1", description="Serve's HTTP proxy address.")
+    serve_port: int = Field(default=8000, ge=1, le=65535)
+    serve_ready_timeout_s: float = Field(default=600.0, gt=0, le=7200)
+    ray_num_cpus: int = Field(
+        default=4,
+        ge=1,
+        le=4096,
+        description="Logical CPUs of the Ray head `serve` starts: above the core count so the "
+        "Serve replicas, the local LLM and an ingestion job can be scheduled together.",
+    )
+    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    ray_object_store_mb: int = Field(default=256, ge=80, le=1_000_000)
+    start_simulators: bool = Field(
+        default=True, description="`serve` starts the local twin/sensor simulators."
+    )
+    start_local_llm: bool | None = Field(
+        default=None,
+        description="`serve` starts the local LLM app. Unset: when no provider key is set.",
+    )
+    local_llm_model_name: str = "qwen2.5-coder-1.5b-instruct"
 
     # --- HTTP -----------------------------------------------------------------------------------
     cors_origins: CsvList = Field(default_factory=list)
@@ -273,6 +302,12 @@ class Settings(BaseSettings):
             folder, _, acl = entry.partition("=")
             roots.append((Path(folder), parse_acl(acl.split())))
         return roots
+
+    @property
+    def resolved_tool_timeout_seconds(self) -> float:
+        if self.tool_timeout_seconds is not None:
+            return self.tool_timeout_seconds
+        return max(30.0, 4 * self.twin_timeout_seconds)
 
     @property
     def is_local_llm(self) -> bool:

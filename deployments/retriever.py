@@ -1,0 +1,115 @@
+"""``Retriever`` deployment: query embedding (batched across requests), the hybrid SQL on an
+asyncpg pool per replica, fusion, and reranking through the ``Reranker`` deployment."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from retrieval.embedders import Embedder, Vectors, build_embedder
+from retrieval.rerankers import NoopReranker, Reranker
+from retrieval.search import HybridRetriever, SearchHit
+from retrieval.store import PgDocumentStore
+from serve_app.api.backend import ReadinessCheck
+from serve_app.config import load_settings
+from serve_app.database import DatabaseError
+from serve_app.knowledge import open_store, retrieval_config
+from serve_app.readiness import store_checks
+
+
+class _HandleReranker:
+    """The ``Reranker`` port over the Reranker deployment's handle."""
+
+    def __init__(self, name: str, handle: DeploymentHandle[Any]) -> None:
+        self.name = name
+        self._handle = handle
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:  # pragma: no cover
+        raise RuntimeError("use ascore: the reranker runs in its own deployment")
+
+    async def ascore(self, query: str, passages: Sequence[str]) -> list[float]:
+        scores: list[float] = await self._handle.score.remote(query, list(passages))
+        return scores
+
+
+class _BatchedQueryEmbedder:
+    """The ``Embedder`` port whose ``aencode`` of one query joins a cross-request batch."""
+
+    def __init__(self, inner: Embedder, batch: Any) -> None:
+        self._inner = inner
+        self._batch = batch
+        self.name = inner.name
+        self.dim = inner.dim
+        self.max_tokens = inner.max_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return self._inner.count_tokens(text)
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        return self._inner.encode(texts)
+
+    async def aencode(self, texts: Sequence[str]) -> Vectors:
+        if len(texts) != 1:
+            return await self._inner.aencode(texts)
+        row = await self._batch(texts[0])
+        return np.asarray([row], dtype=np.float32)
+
+
+@serve.deployment(
+    name="Retriever",
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=64,
+    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 32},
+)
+class RetrieverDeployment:
+    def __init__(self, reranker: DeploymentHandle[Any]) -> None:
+        settings = load_settings()
+        self.settings = settings
+        self.embedder = build_embedder(settings)
+        self._reranker: Reranker = (
+            NoopReranker()
+            if settings.reranker == "noop"
+            else _HandleReranker(settings.reranker_model or "cross-encoder", reranker)
+        )
+        self._retriever: HybridRetriever | None = None
+        self._lock = asyncio.Lock()
+
+    async def _ready_retriever(self) -> HybridRetriever:
+        """Connect on first use (and again after a failure), so a replica starts and reports
+        "database down" through /readyz instead of crash-looping while the database is away."""
+        if self._retriever is None:
+            async with self._lock:
+                if self._retriever is None:
+                    store = await open_store(self.settings)
+                    self._retriever = HybridRetriever(
+                        store,
+                        _BatchedQueryEmbedder(self.embedder, self._embed_one),
+                        self._reranker,
+                        retrieval_config(self.settings),
+                    )
+        return self._retriever
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    async def _embed_one(self, queries: list[str]) -> list[Vectors]:
+        vectors = await self.embedder.aencode(queries)
+        return list(vectors)
+
+    async def search(
+        self, query: str, acl: Sequence[str], top_k: int | None = None
+    ) -> list[SearchHit]:
+        retriever = await self._ready_retriever()
+        return await retriever.search(query, acl=acl, top_k=top_k)
+
+    async def readiness(self) -> list[ReadinessCheck]:
+        try:
+            retriever = await self._ready_retriever()
+        except Exception as exc:  # connection refused, schema missing, dimension mismatch
+            detail = str(exc) if isinstance(exc, DatabaseError) else type(exc).__name__
+            return [ReadinessCheck(name="database", ok=False, detail=detail)]
+        assert isinstance(retriever.store, PgDocumentStore)
+        return await store_checks(retriever.store, self.settings)

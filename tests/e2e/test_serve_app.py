@@ -1,0 +1,297 @@
+"""End to end: the real Serve application (five deployments on a local Ray, HTTP on
+127.0.0.1) with the scripted model server, the twin/sensor simulators and the embedded
+PostgreSQL holding the sample documentation."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from local_world.scripted_llm import ScriptedLLM, create_llm_app
+from local_world.sensor_service import create_sensor_app
+from local_world.servers import run_in_thread
+from local_world.twin_service import create_twin_app
+from local_world.world import build_world
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
+    payload = {"sub": sub, "memberships": [{"domain": d, "role": r} for d, r in memberships]}
+    return {"x-gateway-claims": base64.b64encode(json.dumps(payload).encode()).decode()}
+
+
+STAFF = claims("u-staff", ("northwind", "business_staff"))
+ADMIN = claims("u-admin", ("crowdvision-ops", "admin"))
+
+
+class Stack:
+    def __init__(self, url: str, llm: ScriptedLLM) -> None:
+        self.url = url
+        self.llm = llm
+
+
+@pytest.fixture(scope="module")
+def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    world = build_world()
+    llm = ScriptedLLM()
+    docs = tmp_path_factory.mktemp("ingest-docs")
+    (docs / "page.md").write_text("# E2E page\n\nThe pelican sensor reports every minute.\n")
+    with (
+        run_in_thread(create_twin_app(world)) as twin_url,
+        run_in_thread(create_sensor_app(world)) as sensor_url,
+        run_in_thread(create_llm_app(llm)) as llm_url,
+    ):
+        env = {
+            "DATABASE_URL": sample_docs_url,
+            "AGENT_SERVICE_HOME": str(tmp_path_factory.mktemp("home")),
+            "LLM_BASE_URL": f"{llm_url}/v1",
+            "LLM_API_KEY": "test-key",
+            "ANSWER_MODEL": "local/scripted",
+            "TWIN_SERVICE_URL": twin_url,
+            "SENSOR_SERVICE_URL": sensor_url,
+            "MODEL_OVERRIDE_MIN_ROLE": "business_admin",
+            "ALLOWED_MODELS": "local/scripted,local/other",
+            "DOC_ROOTS": f"{docs}=",
+            "HF_HUB_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the local Ray's workers inherit the driver's environment
+        port = free_port()
+        try:
+            ray.init(
+                num_cpus=4,
+                include_dashboard=True,
+                dashboard_host="127.0.0.1",
+                object_store_memory=150 * 1024 * 1024,
+                log_to_driver=False,
+            )
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_app(), name="agent", route_prefix="/")
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            yield Stack(url, llm)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def _chunk_id_for(sample_docs_url: str, needle: str) -> str:
+    import asyncio
+
+    import asyncpg
+
+    async def find() -> str:
+        conn = await asyncpg.connect(sample_docs_url)
+        try:
+            value: str = await conn.fetchval(
+                "SELECT id FROM chunks WHERE section ILIKE $1 ORDER BY ordinal LIMIT 1",
+                f"%{needle}%",
+            )
+            return value
+        finally:
+            await conn.close()
+
+    return asyncio.run(find())
+
+
+def _script_docs_answer(llm: ScriptedLLM, question: str, chunk_id: str, **final: Any) -> None:
+    llm.script(
+        {"tool_calls": [{"name": "search_docs", "arguments": {"query": "alert cooldown"}}]},
+        {
+            "text": f"Alerts repeat at most once per cooldown [^{chunk_id}]. "
+            "Also see [^deadbeef0000].",
+            "usage": {"prompt_tokens": 120, "completion_tokens": 20},
+            **final,
+        },
+        key=question,
+    )
+
+
+def test_json_ask_runs_the_tool_chain_and_validates_citations(
+    stack: Stack, sample_docs_url: str
+) -> None:
+    question = "How often do alerts repeat? (json)"
+    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    _script_docs_answer(stack.llm, question, chunk_id)
+    resp = httpx.post(
+        f"{stack.url}/ask", json={"question": question, "top_k": 8}, headers=STAFF, timeout=60
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["decision"] == "answered"
+    assert [c["name"] for c in body["tool_calls"]] == ["search_docs"]
+    assert body["tool_calls"][0]["ok"] is True
+    assert [c["chunk_id"] for c in body["citations"]] == [chunk_id]
+    assert body["retrieval"]["hallucinated_citations"] == ["deadbeef0000"]
+    assert "deadbeef0000" not in body["answer"]
+    assert body["usage"]["input_tokens"] >= 120
+    # top_k reached retrieval: the tool result shown to the model had up to 8 chunks.
+    tool_message = stack.llm.chat_requests()[-1].body["messages"][-1]["content"]
+    assert 1 < tool_message.count('"chunk_id"') <= 8
+
+
+def test_sse_streams_events_in_order_and_done_matches_json(
+    stack: Stack, sample_docs_url: str
+) -> None:
+    question = "How often do alerts repeat? (stream)"
+    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    _script_docs_answer(stack.llm, question, chunk_id, chunk_chars=4, stream_delay_ms=40)
+    events: list[tuple[str, dict[str, Any], float]] = []
+    with httpx.stream(
+        "POST",
+        f"{stack.url}/ask",
+        json={"question": question, "stream": True},
+        headers=STAFF,
+        timeout=60,
+    ) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line.split(":", 1)[1]), time.monotonic()))
+    kinds = [k for k, _, _ in events]
+    assert kinds[0] == "tool"
+    assert kinds[-1] == "done"
+    assert "token" in kinds and "citation" in kinds
+    assert kinds.index("tool") < kinds.index("token")
+    tokens = [(d, t) for k, d, t in events if k == "token"]
+    streamed = "".join(d["text"] for d, _ in tokens)
+    assert "deadbeef0000" not in streamed
+    # Per-token: the first token arrived well before the last (the model streams slowly).
+    assert tokens[-1][1] - tokens[0][1] > 0.3
+    done = events[-1][1]  # the done event carries the response object itself
+    assert done["decision"] == "answered"
+    assert [c["chunk_id"] for c in done["citations"]] == [chunk_id]
+    assert done["answer"].strip() == streamed.strip()
+    # Same shape as the JSON response.
+    _script_docs_answer(stack.llm, question + " again", chunk_id)
+    json_body = httpx.post(
+        f"{stack.url}/ask", json={"question": question + " again"}, headers=STAFF, timeout=60
+    ).json()
+    assert set(done) == set(json_body)
+
+
+def test_model_override_is_role_gated_and_allow_listed(stack: Stack) -> None:
+    forbidden = httpx.post(
+        f"{stack.url}/ask",
+        json={"question": "hi", "model": "local/other"},
+        headers=STAFF,
+        timeout=30,
+    )
+    assert forbidden.status_code == 403
+    assert set(forbidden.json()["error"]) >= {"code", "message"}
+    badmin = claims("u-badmin", ("northwind", "business_admin"))
+    not_allowed = httpx.post(
+        f"{stack.url}/ask",
+        json={"question": "hi", "model": "someone/else"},
+        headers=badmin,
+        timeout=30,
+    )
+    assert not_allowed.status_code == 400
+    assert "error" in not_allowed.json()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-gateway-claims": "%%% not base64 %%%"},
+        {"x-gateway-claims": base64.b64encode(b"not json").decode()},
+        {"authorization": "Bearer not.a.jwt"},
+        {},
+    ],
+)
+def test_bad_credentials_are_401_with_the_envelope(stack: Stack, headers: dict[str, str]) -> None:
+    resp = httpx.post(f"{stack.url}/ask", json={"question": "hi"}, headers=headers, timeout=30)
+    assert resp.status_code == 401
+    assert set(resp.json()["error"]) >= {"code", "message"}
+
+
+def test_unknown_route_and_bad_body_use_the_envelope(stack: Stack) -> None:
+    missing = httpx.get(f"{stack.url}/nope", headers=STAFF, timeout=30)
+    assert missing.status_code == 404
+    assert "error" in missing.json()
+    bad = httpx.post(f"{stack.url}/ask", json={"question": ""}, headers=STAFF, timeout=30)
+    assert bad.status_code == 422
+    assert "question" in bad.json()["error"]["message"]
+
+
+def test_ingest_is_admin_only_and_runs_as_a_ray_job(stack: Stack) -> None:
+    denied = httpx.post(f"{stack.url}/ingest", json={}, headers=STAFF, timeout=30)
+    assert denied.status_code == 403
+    started = httpx.post(f"{stack.url}/ingest", json={}, headers=ADMIN, timeout=60)
+    assert started.status_code == 202, started.text
+    run_id = started.json()["run_id"]
+    deadline = time.monotonic() + 300
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{stack.url}/ingest/{run_id}", headers=ADMIN, timeout=30).json()
+        if status["status"] in {"succeeded", "failed", "stopped"}:
+            break
+        time.sleep(2)
+    assert status["status"] == "succeeded", status
+    assert status["counts"]["new"] + status["counts"]["unchanged"] == 1
+    assert status["progress"]["done"] == status["progress"]["total"]
+    unknown = httpx.get(f"{stack.url}/ingest/ingest-000000000000", headers=ADMIN, timeout=30)
+    assert unknown.status_code == 404
+
+
+def test_readyz_fails_while_the_database_is_down(stack: Stack) -> None:
+    from serve_app.database import start_embedded, stop_embedded
+    from tests.conftest import TEST_HOME
+
+    assert httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200
+    stop_embedded(TEST_HOME)
+    try:
+        down = httpx.get(f"{stack.url}/readyz", timeout=30)
+        assert down.status_code == 503
+        checks = {c["name"]: c for c in down.json()["checks"]}
+        assert checks["database"]["ok"] is False
+    finally:
+        start_embedded(TEST_HOME)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("/readyz did not recover after the database came back")
