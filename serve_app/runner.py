@@ -98,7 +98,7 @@ def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
     environment."""
     names = {name.upper() for name in Settings.model_fields}
     names |= {"OPENROUTER_API_KEY", "LLM_API_KEY", "DEEPSEEK_API_KEY", "GOOGLE_API_KEY"}
-    env = {k: v for k, v in os.environ.items() if k in names}
+    env = {k: v for k, v in os.environ.items() if k in names or k.startswith("LOCAL_LLM_")}
     env["AGENT_SERVICE_HOME"] = str(settings.home)
     env["DOC_ROOTS"] = ",".join(
         f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.doc_root_acls

@@ -98,7 +98,16 @@ def step_schema(tools: Sequence[ToolSpec]) -> dict[str, Any]:
         branches.append(
             _branch({"tool": {"type": "string", "const": tool.name}, "arguments": arguments})
         )
-    branches.append(_branch({"final_answer": {"type": "string"}}))
+    # Small models rarely write inline [^id] markers; a sources list after the answer is a
+    # slot they fill reliably. parse_step turns it into markers (validated like any other).
+    branches.append(
+        _branch(
+            {
+                "final_answer": {"type": "string"},
+                "sources": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
+            }
+        )
+    )
     branches.append(_branch({"decline": {"type": "boolean", "const": True}}))
     branches.append(_branch({"idk": {"type": "boolean", "const": True}}))
     schema: dict[str, Any] = {"type": "object", "oneOf": branches}
@@ -129,7 +138,7 @@ class WorkedExample:
 DEFAULT_EXAMPLES: tuple[WorkedExample, ...] = (
     WorkedExample(
         "Hello!",
-        {"reason": "a greeting", "final_answer": "Hello! How can I help you today?"},
+        {"reason": "a greeting", "final_answer": "Hello! How can I help you today?", "sources": []},
     ),
     WorkedExample(
         "What is the capital of France?",
@@ -184,7 +193,9 @@ def render_tool_prompt(
         'Reply with exactly one JSON object per step. Start with a short "reason", then '
         "choose one:",
         '- {"reason": "...", "tool": "<tool name>", "arguments": {...}} to call one tool;',
-        '- {"reason": "...", "final_answer": "..."} to answer the user;',
+        '- {"reason": "...", "final_answer": "...", "sources": ["<chunk_id>", ...]} to answer '
+        "the user; sources lists the chunk_id of every search_docs result the answer uses "
+        "([] when none);",
         '- {"reason": "...", "decline": true} when the question is outside your scope;',
         '- {"reason": "...", "idk": true} when the tools found nothing that answers it.',
     ]
@@ -282,6 +293,19 @@ def _strip_fences(text: str) -> str:
     return text.strip()
 
 
+def source_markers(answer: str, sources: object) -> str:
+    """`` [^id]`` markers for the listed sources the answer does not already cite."""
+    if not isinstance(sources, list):
+        return ""
+    markers = []
+    for source in sources:
+        if isinstance(source, str) and source.strip():
+            marker = f"[^{source.strip()}]"
+            if marker not in answer and marker not in markers:
+                markers.append(marker)
+    return (" " + " ".join(markers)) if markers else ""
+
+
 def parse_step(
     content: str | None,
     tools: Sequence[ToolSpec],
@@ -340,7 +364,7 @@ def parse_step(
         answer = data["final_answer"]
         if not isinstance(answer, str):
             raise MalformedReply("final_answer must be a string")
-        return result("text", answer)
+        return result("text", answer + source_markers(answer, data.get("sources")))
     if data[branch] is not True:
         raise MalformedReply(f'"{branch}" must be true')
     return result(branch, None)

@@ -231,6 +231,7 @@ class OpenAICompatibleClient:
         finish_reason: str | None = None
         usage = Usage()
         extractor = json_schema_mode.FinalAnswerExtractor() if self._mode == "json_schema" else None
+        streamed: list[str] = []  # json_schema mode: the answer text already yielded
         try:
             async for chunk in response:
                 if chunk.model:
@@ -247,6 +248,7 @@ class OpenAICompatibleClient:
                         else:
                             text = extractor.feed(delta.content)
                             if text:
+                                streamed.append(text)
                                 yield TextDelta(text)
                     if getattr(delta, "refusal", None):
                         refusal.append(str(delta.refusal))
@@ -298,6 +300,12 @@ class OpenAICompatibleClient:
                 yield ToolCallDelta(
                     index=index, id=call.id, name=call.name, arguments=call.arguments
                 )
+            answered = "".join(streamed)
+            if result.text and result.text.startswith(answered):
+                # The citation markers made from "sources" come after the streamed answer.
+                suffix = result.text[len(answered) :]
+                if suffix:
+                    yield TextDelta(suffix)
             yield Completed(result)
             return
         first = json_schema_mode.prior_tool_calls(request.messages) + 1

@@ -195,3 +195,17 @@ def test_extractor_ignores_other_branches_and_nested_keys() -> None:
     done = FinalAnswerExtractor()
     assert done.feed('{"final_answer": "a\\u00e9b", "idk": true}') == "aéb"
     assert done.found and done.done
+
+
+def test_sources_become_citation_markers_once() -> None:
+    from serve_app.agent.llm.base import Usage
+    from serve_app.agent.llm.json_schema_mode import parse_step, source_markers
+
+    step = (
+        '{"reason": "docs", "final_answer": "Cooldown is 15 minutes [^aaa111].", '
+        '"sources": ["aaa111", "bbb222", "bbb222", " "]}'
+    )
+    result = parse_step(step, [], usage=Usage(), model="m", finish_reason="stop", call_number=1)
+    assert result.text == "Cooldown is 15 minutes [^aaa111]. [^bbb222]"
+    assert source_markers("x", None) == ""
+    assert source_markers("x", "not a list") == ""

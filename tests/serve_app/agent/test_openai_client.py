@@ -410,7 +410,11 @@ def assert_step_schema(sent: dict[str, Any], tool_names: list[str]) -> None:
         name = branch["properties"]["tool"]["const"]
         assert branch["properties"]["arguments"] == by_name[name].parameters
     others = [list(b["properties"]) for b in branches if "tool" not in b["properties"]]
-    assert others == [["reason", "final_answer"], ["reason", "decline"], ["reason", "idk"]]
+    assert others == [
+        ["reason", "final_answer", "sources"],
+        ["reason", "decline"],
+        ["reason", "idk"],
+    ]
     assert branches[-2]["properties"]["decline"] == {"type": "boolean", "const": True}
     assert branches[-1]["properties"]["idk"] == {"type": "boolean", "const": True}
 
