@@ -100,10 +100,10 @@ def settings_factory(tmp_path: Path) -> object:
     return make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[str]:
-    """A database holding the sample documentation/ tree, ingested once per test module with
-    the folder ACLs from the default DOC_ROOTS."""
+    """A database holding the sample documentation/ tree, ingested once per test session with
+    the folder ACLs from the default DOC_ROOTS. Tests only read it."""
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
     from serve_app.config import Settings
