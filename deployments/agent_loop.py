@@ -20,6 +20,7 @@ from serve_app.api.backend import ReadinessCheck
 from serve_app.config import load_settings
 from serve_app.identity import AuthUser
 from serve_app.readiness import provider_check
+from serve_app.tracing import use_context
 
 
 class HandleToolExecutor:
@@ -56,17 +57,29 @@ class AgentLoopDeployment:
         )
 
     async def answer(
-        self, question: str, user: AuthUser, model: str | None, top_k: int | None
+        self,
+        question: str,
+        user: AuthUser,
+        model: str | None,
+        top_k: int | None,
+        trace_context: dict[str, str] | None = None,
     ) -> AgentAnswer:
-        return await self.agent.answer(question, user, model=model, top_k=top_k)
+        with use_context(trace_context):
+            return await self.agent.answer(question, user, model=model, top_k=top_k)
 
     async def stream(
-        self, question: str, user: AuthUser, model: str | None, top_k: int | None
+        self,
+        question: str,
+        user: AuthUser,
+        model: str | None,
+        top_k: int | None,
+        trace_context: dict[str, str] | None = None,
     ) -> AsyncIterator[AgentEvent]:
         # Called through a streaming handle; a client disconnect cancels this generator
         # (and, through the loop, the running tools).
-        async for event in self.agent.stream(question, user, model=model, top_k=top_k):
-            yield event
+        with use_context(trace_context):
+            async for event in self.agent.stream(question, user, model=model, top_k=top_k):
+                yield event
 
     async def readiness(self) -> list[ReadinessCheck]:
         checks: list[ReadinessCheck] = await self._tool_proxy.readiness.remote()

@@ -91,14 +91,16 @@ class ServeBackend:
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         answer: AgentAnswer = await self._agent.answer.remote(
-            params.question, user, params.model, params.top_k
+            params.question, user, params.model, params.top_k, params.trace_context
         )
         return answer
 
     async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
         gen = cast(
             DeploymentResponseGenerator[Any],
-            self._stream.stream.remote(params.question, user, params.model, params.top_k),
+            self._stream.stream.remote(
+                params.question, user, params.model, params.top_k, params.trace_context
+            ),
         )
         try:
             async for event in gen:

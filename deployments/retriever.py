@@ -20,6 +20,7 @@ from serve_app.config import load_settings
 from serve_app.database import DatabaseError
 from serve_app.knowledge import open_store, retrieval_config
 from serve_app.readiness import store_checks
+from serve_app.tracing import use_context
 
 
 class _HandleReranker:
@@ -100,10 +101,15 @@ class RetrieverDeployment:
         return list(vectors)
 
     async def search(
-        self, query: str, acl: Sequence[str], top_k: int | None = None
+        self,
+        query: str,
+        acl: Sequence[str],
+        top_k: int | None = None,
+        trace_context: dict[str, str] | None = None,
     ) -> list[SearchHit]:
-        retriever = await self._ready_retriever()
-        return await retriever.search(query, acl=acl, top_k=top_k)
+        with use_context(trace_context):
+            retriever = await self._ready_retriever()
+            return await retriever.search(query, acl=acl, top_k=top_k)
 
     async def readiness(self) -> list[ReadinessCheck]:
         try:

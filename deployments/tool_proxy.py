@@ -19,6 +19,7 @@ from serve_app.agent.tools.registry import ToolOutcome
 from serve_app.api.backend import ReadinessCheck
 from serve_app.authz import load_authorizer
 from serve_app.config import load_settings
+from serve_app.tracing import inject_current, use_context
 
 
 class _HandleRetriever:
@@ -30,7 +31,9 @@ class _HandleRetriever:
     async def search(
         self, query: str, *, acl: Sequence[str], top_k: int | None = None
     ) -> list[SearchHit]:
-        hits: list[SearchHit] = await self._handle.search.remote(query, list(acl), top_k)
+        hits: list[SearchHit] = await self._handle.search.remote(
+            query, list(acl), top_k, inject_current()
+        )
         return hits
 
 
@@ -53,7 +56,8 @@ class ToolProxyDeployment:
         )
 
     async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
-        return await self.executor.execute(call, request)
+        with use_context(request.trace_context):
+            return await self.executor.execute(call, request)
 
     async def readiness(self) -> list[ReadinessCheck]:
         checks: list[ReadinessCheck] = await self._retriever.readiness.remote()

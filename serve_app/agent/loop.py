@@ -81,6 +81,7 @@ from serve_app.agent.tools.registry import ToolOutcome
 from serve_app.agent.usage import PriceTable, RunUsage, default_price_table
 from serve_app.config import Settings
 from serve_app.identity import AuthUser
+from serve_app.tracing import current_trace_id, inject_current
 
 __all__ = ["Agent", "AgentAnswer", "AgentEvent"]
 
@@ -236,7 +237,7 @@ class Agent:
     ) -> AsyncGenerator[AgentEvent, None]:
         specs = self.tools.specs()
         run = _Run(
-            request=ToolRequest(user=user, top_k=top_k),
+            request=ToolRequest(user=user, top_k=top_k, trace_context=inject_current()),
             model=model or self.llm.default_model,
             usage=RunUsage(prices=self.prices),
             messages=[
@@ -469,6 +470,6 @@ class Agent:
                 chunk_ids=chunk_ids,
             ),
             model=run.model,
-            trace_id=None,
+            trace_id=current_trace_id(),
             notes=list(run.notes),
         )

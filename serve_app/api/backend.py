@@ -7,7 +7,7 @@ process, for the single-process server and the route tests) and the Ray Serve on
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -22,6 +22,7 @@ class AskParams:
     question: str
     model: str | None = None  # already checked against the override policy by the route
     top_k: int | None = None
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent carrier
 
 
 class IngestRequest(BaseModel):

@@ -52,6 +52,7 @@ from serve_app.database import DatabaseError, resolve_database_url
 from serve_app.identity import AuthUser
 from serve_app.knowledge import retrieval_config
 from serve_app.readiness import CHECK_TIMEOUT_SECONDS, provider_check, store_checks
+from serve_app.tracing import use_context
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +190,25 @@ class LocalBackend:
     # --- ask ------------------------------------------------------------------------------------
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
-        return await self.agent.answer(
-            params.question, user, model=params.model, top_k=params.top_k
-        )
+        with use_context(params.trace_context):
+            return await self.agent.answer(
+                params.question, user, model=params.model, top_k=params.top_k
+            )
 
-    def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
-        return self.agent.stream(params.question, user, model=params.model, top_k=params.top_k)
+    async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
+        with use_context(params.trace_context):
+            events = self.agent.stream(
+                params.question, user, model=params.model, top_k=params.top_k
+            )
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                # Close the agent's stream now (not at garbage collection): a client
+                # disconnect must cancel running tools promptly.
+                aclose = getattr(events, "aclose", None)
+                if aclose is not None:
+                    await aclose()
 
     # --- ingestion ------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from local_world.twin_service import create_twin_app
 from local_world.world import build_world
 from serve_app.local_llm.model_files import ensure_joined_model, parts_installed
 from tests.conftest import TEST_HOME
-from tests.e2e.test_serve_app import free_port
+from tests.e2e.stack_helpers import free_port, scoped_environ, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -61,38 +60,23 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
             "HF_HUB_OFFLINE": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        for key in ("LLM_API_KEY", "OPENROUTER_API_KEY"):
-            saved.setdefault(key, os.environ.pop(key, None))
-        try:
-            ray.init(
-                num_cpus=4,
-                include_dashboard=False,
-                object_store_memory=150 * 1024 * 1024,
-                log_to_driver=False,
-            )
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_local_llm_app({}), name="llm", route_prefix="/llm")
-            serve.run(build_app(), name="agent", route_prefix="/")
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
-            yield url
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with scoped_environ(env, unset=("LLM_API_KEY", "OPENROUTER_API_KEY")):
+            try:
+                ray.init(
+                    num_cpus=4,
+                    include_dashboard=False,
+                    object_store_memory=150 * 1024 * 1024,
+                    log_to_driver=False,
+                )
+                serve.start(http_options={"host": "127.0.0.1", "port": port})
+                serve.run(build_local_llm_app({}), name="llm", route_prefix="/llm")
+                serve.run(build_app(), name="agent", route_prefix="/")
+                url = f"http://127.0.0.1:{port}"
+                wait_ready(url)
+                yield url
+            finally:
+                serve.shutdown()
+                ray.shutdown()
 
 
 def test_qwen_answers_a_documentation_question_with_a_citation(qwen_stack: str) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,17 +19,11 @@ from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import build_world
+from tests.e2e.stack_helpers import free_port, scoped_environ, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
@@ -79,37 +71,24 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "HF_HUB_OFFLINE": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the local Ray's workers inherit the driver's environment
         port = free_port()
-        try:
-            ray.init(
-                num_cpus=4,
-                include_dashboard=True,
-                dashboard_host="127.0.0.1",
-                object_store_memory=150 * 1024 * 1024,
-                log_to_driver=False,
-            )
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_app(), name="agent", route_prefix="/")
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1)
-            yield Stack(url, llm)
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with scoped_environ(env):
+            try:
+                ray.init(
+                    num_cpus=4,
+                    include_dashboard=True,
+                    dashboard_host="127.0.0.1",
+                    object_store_memory=150 * 1024 * 1024,
+                    log_to_driver=False,
+                )
+                serve.start(http_options={"host": "127.0.0.1", "port": port})
+                serve.run(build_app(), name="agent", route_prefix="/")
+                url = f"http://127.0.0.1:{port}"
+                wait_ready(url)
+                yield Stack(url, llm)
+            finally:
+                serve.shutdown()
+                ray.shutdown()
 
 
 def _chunk_id_for(sample_docs_url: str, needle: str) -> str:
@@ -150,8 +129,12 @@ def test_json_ask_runs_the_tool_chain_and_validates_citations(
     question = "How often do alerts repeat? (json)"
     chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
     _script_docs_answer(stack.llm, question, chunk_id)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     resp = httpx.post(
-        f"{stack.url}/ask", json={"question": question, "top_k": 8}, headers=STAFF, timeout=60
+        f"{stack.url}/ask",
+        json={"question": question, "top_k": 8},
+        headers={**STAFF, "traceparent": traceparent},
+        timeout=60,
     )
     assert resp.status_code == 200, resp.text
     body = resp.json()
@@ -162,6 +145,8 @@ def test_json_ask_runs_the_tool_chain_and_validates_citations(
     assert body["retrieval"]["hallucinated_citations"] == ["deadbeef0000"]
     assert "deadbeef0000" not in body["answer"]
     assert body["usage"]["input_tokens"] >= 120
+    # The caller's trace crossed Ingress -> AgentLoop (and on to the tools' hops).
+    assert body["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     # top_k reached retrieval: the tool result shown to the model had up to 8 chunks.
     tool_message = stack.llm.chat_requests()[-1].body["messages"][-1]["content"]
     assert 1 < tool_message.count('"chunk_id"') <= 8

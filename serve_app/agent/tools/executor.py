@@ -11,7 +11,7 @@ validated the same way either way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -30,6 +30,7 @@ class ToolRequest:
 
     user: AuthUser
     top_k: int | None = None
+    trace_context: dict[str, str] = field(default_factory=dict)  # for the next hop
 
 
 class ToolExecutor(Protocol):

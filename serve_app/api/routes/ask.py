@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -44,6 +44,7 @@ from serve_app.api.backend import AskParams, BackendError
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
 from serve_app.api.middleware import current_request_id
+from serve_app.tracing import carrier_from_headers
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ _ASK_RESPONSES.update(error_responses(400, 401, 403, 413, 422, 429, 500))
     summary="Ask a question (JSON or Server-Sent Events)",
 )
 async def ask(
+    request: Request,
     body: AskRequest,
     user: CurrentUser,
     backend: BackendDep,
@@ -206,6 +208,7 @@ async def ask(
         question=body.question,
         model=None if model == settings.answer_model else model,
         top_k=body.top_k,
+        trace_context=carrier_from_headers(request.headers),
     )
     if body.stream:
         events = backend.ask_stream(user, params)
