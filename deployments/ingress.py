@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shlex
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -25,6 +27,8 @@ from serve_app.agent.answer import AgentAnswer, AgentEvent
 from serve_app.api.app import create_app
 from serve_app.api.backend import (
     AskParams,
+    BackendError,
+    BackendTimeout,
     IngestRequest,
     IngestRun,
     IngestStatus,
@@ -36,6 +40,9 @@ from serve_app.config import Settings, load_settings
 from serve_app.identity import AuthUser
 
 RUN_PREFIX = "ingest-"
+JOB_SUBMIT_PATIENCE_S = 30.0
+
+log = logging.getLogger(__name__)
 
 _JOB_STATUS: dict[str, IngestStatus] = {
     "PENDING": "pending",
@@ -90,9 +97,19 @@ class ServeBackend:
         self._jobs: Any = None
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
-        answer: AgentAnswer = await self._agent.answer.remote(
+        # Our own deadline, below Serve's request_timeout_s, so a slow run ends with the
+        # error envelope (504) rather than the proxy's plain-text timeout.
+        response = self._agent.answer.remote(
             params.question, user, params.model, params.top_k, params.trace_context
         )
+        try:
+            async with asyncio.timeout(self._settings.ask_timeout_seconds):
+                answer: AgentAnswer = await response
+        except TimeoutError:
+            response.cancel()  # type: ignore[no-untyped-call]
+            raise BackendTimeout(
+                f"no answer within {self._settings.ask_timeout_seconds:.0f} s; try again"
+            ) from None
         return answer
 
     async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
@@ -121,15 +138,32 @@ class ServeBackend:
         if request.prune:
             cmd.append("--prune")
         entrypoint = " ".join(shlex.quote(part) for part in cmd)
-        client = self._client()
-        await asyncio.to_thread(
-            client.submit_job,
-            entrypoint=entrypoint,
-            submission_id=run_id,
-            runtime_env={"env_vars": ingest_job_env(self._settings)},
-            metadata={"kind": "agent-service-ingest", "submitted_by": user.sub},
-            entrypoint_num_cpus=0,
-        )
+        # The Jobs API answers "No available agent to submit job, please try again later"
+        # while a fresh node's job agent starts: retry that for a while, then a clean 503.
+        delay = 0.5
+        deadline = time.monotonic() + JOB_SUBMIT_PATIENCE_S
+        while True:
+            try:
+                client = await asyncio.to_thread(self._client)
+                await asyncio.to_thread(
+                    client.submit_job,
+                    entrypoint=entrypoint,
+                    submission_id=run_id,
+                    runtime_env={"env_vars": ingest_job_env(self._settings)},
+                    metadata={"kind": "agent-service-ingest", "submitted_by": user.sub},
+                    entrypoint_num_cpus=0,
+                )
+                break
+            except (RuntimeError, ConnectionError) as exc:
+                retryable = "try again later" in str(exc) or isinstance(exc, ConnectionError)
+                if not retryable or time.monotonic() > deadline:
+                    log.warning("ingestion job submission failed: %s", exc)
+                    raise BackendError(
+                        "the Ray Jobs API did not accept the ingestion job; try again shortly",
+                        retry_after=5,
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
         return IngestRun(run_id=run_id, status="pending", submitted_at=datetime.now(UTC))
 
     async def ingest_status(self, run_id: str) -> IngestRun | None:

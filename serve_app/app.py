@@ -18,12 +18,19 @@ from deployments.tool_proxy import ToolProxyDeployment
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Bind the five deployments. Serve options come from the deployments' defaults and, for
-    real, from ``serve_config.yaml``; ``args`` is accepted for ``serve run`` builders."""
-    reranker = _deployment(RerankerDeployment).bind()
-    retriever = _deployment(RetrieverDeployment).bind(reranker)
-    tool_proxy = _deployment(ToolProxyDeployment).bind(retriever)
-    agent_loop = _deployment(AgentLoopDeployment).bind(tool_proxy)
-    return _deployment(IngressDeployment).bind(agent_loop)
+    real, from ``serve_config.yaml``. ``args["deployment_options"]`` (Serve ``.options()``
+    keywords) applies to all five: benchmarks use it to compare settings."""
+    options: dict[str, Any] = dict((args or {}).get("deployment_options") or {})
+
+    def deployment(decorated: object) -> Deployment:
+        d = _deployment(decorated)
+        return d.options(**options) if options else d
+
+    reranker = deployment(RerankerDeployment).bind()
+    retriever = deployment(RetrieverDeployment).bind(reranker)
+    tool_proxy = deployment(ToolProxyDeployment).bind(retriever)
+    agent_loop = deployment(AgentLoopDeployment).bind(tool_proxy)
+    return deployment(IngressDeployment).bind(agent_loop)
 
 
 def _deployment(decorated: object) -> Deployment:

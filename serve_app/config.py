@@ -183,6 +183,13 @@ class Settings(BaseSettings):
     local_llm_model_name: str = "qwen2.5-coder-1.5b-instruct"
 
     # --- HTTP -----------------------------------------------------------------------------------
+    ask_timeout_seconds: float = Field(
+        default=170.0,
+        gt=0,
+        le=3600,
+        description="Deadline of one /ask in the Serve ingress (504 envelope); keep it below "
+        "serve_config.yaml's http_options.request_timeout_s (180).",
+    )
     cors_origins: CsvList = Field(default_factory=list)
     api_prefix: str = ""
 

@@ -19,7 +19,7 @@ from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import build_world
-from tests.e2e.stack_helpers import free_port, scoped_environ, wait_ready
+from tests.e2e.stack_helpers import free_port, ray_cluster, scoped_environ, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -70,17 +70,12 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "DOC_ROOTS": f"{docs}=",
             "HF_HUB_OFFLINE": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
+            "ASK_TIMEOUT_SECONDS": "8",
         }
         port = free_port()
-        with scoped_environ(env):
+        with scoped_environ(env), ray_cluster() as address:
             try:
-                ray.init(
-                    num_cpus=4,
-                    include_dashboard=True,
-                    dashboard_host="127.0.0.1",
-                    object_store_memory=150 * 1024 * 1024,
-                    log_to_driver=False,
-                )
+                ray.init(address=address, log_to_driver=False)
                 serve.start(http_options={"host": "127.0.0.1", "port": port})
                 serve.run(build_app(), name="agent", route_prefix="/")
                 url = f"http://127.0.0.1:{port}"
@@ -280,3 +275,11 @@ def test_readyz_fails_while_the_database_is_down(stack: Stack) -> None:
         time.sleep(1)
     else:
         pytest.fail("/readyz did not recover after the database came back")
+
+
+def test_a_run_past_the_deadline_is_a_504_envelope(stack: Stack) -> None:
+    question = "A question the model takes too long over"
+    stack.llm.script({"text": "too late", "delay_ms": 12_000}, key=question)
+    resp = httpx.post(f"{stack.url}/ask", json={"question": question}, headers=STAFF, timeout=60)
+    assert resp.status_code == 504
+    assert resp.json()["error"]["code"] == "timeout"
