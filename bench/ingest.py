@@ -105,6 +105,7 @@ async def main_async(copies: int, actors: int) -> None:
 
                     t0 = time.perf_counter()
                     ray.init(
+                        address="local",
                         num_cpus=settings.ingest_cpus,
                         object_store_memory=200 * 1024 * 1024,
                         include_dashboard=False,

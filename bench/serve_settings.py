@@ -139,7 +139,7 @@ def main() -> None:
                 "RAY_USAGE_STATS_ENABLED": "0",
             }
         )
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
         serve.start(
             http_options={"host": "127.0.0.1", "port": 8011},
             logging_config={"enable_access_log": False},

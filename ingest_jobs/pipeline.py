@@ -168,7 +168,10 @@ def _iter_ray(
         else:
             # On 2 cores the default CPU requests deadlock (a stage waits for a CPU held by
             # the actor pool): give the local Ray logical CPUs that fit the fractional asks.
+            # address="local": a private Ray for this run, never a stale cluster named in
+            # /tmp/ray/ray_current_cluster. On a cluster, `ray job submit` sets RAY_ADDRESS.
             ray.init(
+                address="local",
                 num_cpus=settings.ingest_cpus,
                 object_store_memory=200 * 1024 * 1024,
                 include_dashboard=False,

@@ -99,3 +99,7 @@ def ray_cluster(num_cpus: int = 4, object_store_mb: int = 150) -> Iterator[str]:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        # As `ray stop` would: forget this cluster, so a later `ray.init()` does not try it.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
+            current.unlink()

@@ -63,6 +63,7 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
         with scoped_environ(env, unset=("LLM_API_KEY", "OPENROUTER_API_KEY")):
             try:
                 ray.init(
+                    address="local",  # a fresh cluster, whatever else runs on the machine
                     num_cpus=4,
                     include_dashboard=False,
                     object_store_memory=150 * 1024 * 1024,
@@ -75,8 +76,9 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
                 wait_ready(url)
                 yield url
             finally:
-                serve.shutdown()
-                ray.shutdown()
+                if ray.is_initialized():  # else serve.shutdown() would try to connect
+                    serve.shutdown()
+                    ray.shutdown()
 
 
 def test_qwen_answers_a_documentation_question_with_a_citation(qwen_stack: str) -> None:

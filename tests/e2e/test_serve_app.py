@@ -82,8 +82,9 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 wait_ready(url)
                 yield Stack(url, llm)
             finally:
-                serve.shutdown()
-                ray.shutdown()
+                if ray.is_initialized():  # else serve.shutdown() would try to connect
+                    serve.shutdown()
+                    ray.shutdown()
 
 
 def _chunk_id_for(sample_docs_url: str, needle: str) -> str:
