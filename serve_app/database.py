@@ -147,6 +147,7 @@ def _tune_embedded(pgdata: Path, admin_url: str) -> None:
 
 def stop_embedded(home: Path) -> bool:
     """Stop the embedded server if it runs; True when one was stopped."""
+    log.info("stopping the embedded PostgreSQL in %s (pid %d)", home, os.getpid())
     pgdata = (home / "pgdata").resolve()
     if not (pgdata / "postmaster.pid").exists():
         return False

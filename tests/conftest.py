@@ -60,11 +60,20 @@ async def _drop_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
+def _ensure_server() -> None:
+    """(Re)start the session's server if it is down: a test that stops it (the /readyz
+    one) must not take every later test with it."""
+    from serve_app.database import start_embedded
+
+    start_embedded(TEST_HOME)
+
+
 @pytest.fixture
 async def empty_db_url(pg_admin_url: str) -> AsyncIterator[str]:
     """A brand-new, unmigrated database; dropped afterwards."""
     from serve_app.database import with_database
 
+    _ensure_server()
     name = f"t_{uuid.uuid4().hex[:12]}"
     await _create_database(pg_admin_url, name)
     yield with_database(pg_admin_url, name)
@@ -109,6 +118,7 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     from serve_app.config import Settings
     from serve_app.database import migrate, with_database
 
+    _ensure_server()
     name = f"t_docs_{uuid.uuid4().hex[:10]}"
     await _create_database(pg_admin_url, name)
     url = with_database(pg_admin_url, name)
