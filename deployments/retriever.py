@@ -3,7 +3,6 @@ asyncpg pool per replica, fusion, and reranking through the ``Reranker`` deploym
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,12 +13,10 @@ from ray.serve.handle import DeploymentHandle
 from retrieval.embedders import Embedder, Vectors, build_embedder
 from retrieval.rerankers import NoopReranker, Reranker
 from retrieval.search import HybridRetriever, SearchHit
-from retrieval.store import PgDocumentStore
 from serve_app.api.backend import ReadinessCheck
 from serve_app.config import load_settings
-from serve_app.database import DatabaseError
-from serve_app.knowledge import open_store, retrieval_config
-from serve_app.readiness import store_checks
+from serve_app.knowledge import LazyStore, retrieval_config
+from serve_app.readiness import lazy_store_checks
 from serve_app.tracing import use_context
 
 
@@ -72,28 +69,20 @@ class RetrieverDeployment:
         settings = load_settings()
         self.settings = settings
         self.embedder = build_embedder(settings)
-        self._reranker: Reranker = (
+        ranker: Reranker = (
             NoopReranker()
             if settings.reranker == "noop"
             else _HandleReranker(settings.reranker_model or "cross-encoder", reranker)
         )
-        self._retriever: HybridRetriever | None = None
-        self._lock = asyncio.Lock()
-
-    async def _ready_retriever(self) -> HybridRetriever:
-        """Connect on first use (and again after a failure), so a replica starts and reports
-        "database down" through /readyz instead of crash-looping while the database is away."""
-        if self._retriever is None:
-            async with self._lock:
-                if self._retriever is None:
-                    store = await open_store(self.settings)
-                    self._retriever = HybridRetriever(
-                        store,
-                        _BatchedQueryEmbedder(self.embedder, self._embed_one),
-                        self._reranker,
-                        retrieval_config(self.settings),
-                    )
-        return self._retriever
+        # Opened on first use (and again after a failure), so a replica starts and reports
+        # "database down" through /readyz instead of crash-looping while it is away.
+        self.store = LazyStore(settings)
+        self.retriever = HybridRetriever(
+            self.store,
+            _BatchedQueryEmbedder(self.embedder, self._embed_one),
+            ranker,
+            retrieval_config(settings),
+        )
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
     async def _embed_one(self, queries: list[str]) -> list[Vectors]:
@@ -108,14 +97,7 @@ class RetrieverDeployment:
         trace_context: dict[str, str] | None = None,
     ) -> list[SearchHit]:
         with use_context(trace_context):
-            retriever = await self._ready_retriever()
-            return await retriever.search(query, acl=acl, top_k=top_k)
+            return await self.retriever.search(query, acl=acl, top_k=top_k)
 
     async def readiness(self) -> list[ReadinessCheck]:
-        try:
-            retriever = await self._ready_retriever()
-        except Exception as exc:  # connection refused, schema missing, dimension mismatch
-            detail = str(exc) if isinstance(exc, DatabaseError) else type(exc).__name__
-            return [ReadinessCheck(name="database", ok=False, detail=detail)]
-        assert isinstance(retriever.store, PgDocumentStore)
-        return await store_checks(retriever.store, self.settings)
+        return await lazy_store_checks(self.store, self.settings)

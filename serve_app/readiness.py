@@ -4,11 +4,15 @@ is at head with the configured embedding dimension, and a model provider is conf
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from retrieval.store import PgDocumentStore
 from serve_app.api.backend import ReadinessCheck
 from serve_app.config import Settings
 from serve_app.database import DatabaseError, check_schema
+from serve_app.knowledge import LazyStore
+
+log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_SECONDS = 3.0
 
@@ -44,3 +48,33 @@ def provider_check(settings: Settings) -> ReadinessCheck:
     return ReadinessCheck(
         name="provider", ok=False, detail="no OPENROUTER_API_KEY (or alias) for a remote provider"
     )
+
+
+async def lazy_store_checks(store: LazyStore, settings: Settings) -> list[ReadinessCheck]:
+    """Open the store if it is not yet (a replica starts and reports "database down" rather
+    than crash-looping), then ``store_checks``."""
+    if store.opened is None:
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                await store.get()
+        except DatabaseError as exc:  # reachable, but the schema or dimension is wrong
+            return [
+                ReadinessCheck(name="database", ok=True),
+                ReadinessCheck(name="schema", ok=False, detail=str(exc)),
+            ]
+        except Exception as exc:
+            log.warning(
+                "readiness: database unavailable: %s",
+                (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__),
+            )
+            detail = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
+            return [
+                ReadinessCheck(name="database", ok=False, detail=f"unreachable ({detail})"),
+                ReadinessCheck(name="schema", ok=False, detail="database unreachable"),
+            ]
+    opened = store.opened
+    assert opened is not None
+    checks = await store_checks(opened, settings)
+    if not any(check.name == "schema" for check in checks):
+        checks.append(ReadinessCheck(name="schema", ok=False, detail="database unreachable"))
+    return checks

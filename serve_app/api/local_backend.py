@@ -16,23 +16,14 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
-
-import numpy as np
 
 from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
 from retrieval.embedders import Embedder, build_embedder
 from retrieval.rerankers import build_reranker
 from retrieval.search import HybridRetriever
-from retrieval.store import (
-    Candidate,
-    DocumentRecord,
-    PgDocumentStore,
-    StoredDocument,
-    WriteOutcome,
-)
 from serve_app.agent.answer import AgentAnswer, AgentEvent
 from serve_app.agent.llm.base import LLMClient
 from serve_app.agent.llm.openai_client import OpenAICompatibleClient, build_llm_client
@@ -48,10 +39,9 @@ from serve_app.api.backend import (
 )
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.config import Settings, SettingsError
-from serve_app.database import DatabaseError, resolve_database_url
 from serve_app.identity import AuthUser
-from serve_app.knowledge import retrieval_config
-from serve_app.readiness import CHECK_TIMEOUT_SECONDS, provider_check, store_checks
+from serve_app.knowledge import LazyStore, retrieval_config
+from serve_app.readiness import lazy_store_checks, provider_check
 from serve_app.tracing import use_context
 
 log = logging.getLogger(__name__)
@@ -66,73 +56,6 @@ class _Closable(Protocol):
 
 
 # --- the knowledge base, opened on first use ------------------------------------------------------
-
-
-class LazyStore:
-    """The ``DocumentStore`` port over a ``PgDocumentStore`` opened on first use (and again
-    after a failed attempt). ``PgDocumentStore.connect`` checks the schema and dimension."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._url: str | None = None
-        self._store: PgDocumentStore | None = None
-        self._lock = asyncio.Lock()
-
-    @property
-    def opened(self) -> PgDocumentStore | None:
-        return self._store
-
-    async def url(self) -> str:
-        """DATABASE_URL, or the embedded server's (started on demand, once)."""
-        if self._url is None:
-            self._url = await resolve_database_url(self._settings)
-        return self._url
-
-    async def get(self) -> PgDocumentStore:
-        if self._store is not None:
-            return self._store
-        async with self._lock:
-            if self._store is None:
-                settings = self._settings
-                self._store = await PgDocumentStore.connect(
-                    await self.url(),
-                    embedding_dim=settings.resolved_embedding_dim,
-                    min_size=settings.db_pool_min_size,
-                    max_size=settings.db_pool_max_size,
-                    ef_search=settings.hnsw_ef_search,
-                )
-            return self._store
-
-    async def documents(self) -> dict[str, StoredDocument]:
-        return await (await self.get()).documents()
-
-    async def write_document(self, doc: DocumentRecord) -> WriteOutcome:
-        return await (await self.get()).write_document(doc)
-
-    async def delete_sources(self, sources: Iterable[str]) -> int:
-        return await (await self.get()).delete_sources(sources)
-
-    async def hybrid_candidates(
-        self,
-        query_text: str,
-        query_vector: np.ndarray[Any, np.dtype[np.float32]],
-        acl: Sequence[str],
-        *,
-        k_vector: int,
-        k_keyword: int,
-    ) -> list[Candidate]:
-        store = await self.get()
-        return await store.hybrid_candidates(
-            query_text, query_vector, acl, k_vector=k_vector, k_keyword=k_keyword
-        )
-
-    async def counts(self) -> tuple[int, int]:
-        return await (await self.get()).counts()
-
-    async def close(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
 
 
 # --- ingestion runs -------------------------------------------------------------------------------
@@ -288,28 +211,7 @@ class LocalBackend:
         return Readiness(ready=all(check.ok for check in checks), checks=checks)
 
     async def _database_checks(self) -> list[ReadinessCheck]:
-        if self.store.opened is None:
-            try:
-                async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
-                    await self.store.get()
-            except DatabaseError as exc:  # reachable, but the schema or dimension is wrong
-                return [
-                    ReadinessCheck(name="database", ok=True),
-                    ReadinessCheck(name="schema", ok=False, detail=str(exc)),
-                ]
-            except Exception as exc:
-                log.warning("readiness: database unavailable: %s", _describe(exc))
-                detail = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
-                return [
-                    ReadinessCheck(name="database", ok=False, detail=f"unreachable ({detail})"),
-                    ReadinessCheck(name="schema", ok=False, detail="database unreachable"),
-                ]
-        store = self.store.opened
-        assert store is not None
-        checks = await store_checks(store, self.settings)
-        if not any(check.name == "schema" for check in checks):
-            checks.append(ReadinessCheck(name="schema", ok=False, detail="database unreachable"))
-        return checks
+        return await lazy_store_checks(self.store, self.settings)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
