@@ -9,7 +9,8 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.agent.answer import AgentAnswer, AgentEvent
+from deployments.metrics import RayServeMetrics
+from serve_app.agent.answer import AgentAnswer, AgentEvent, DoneEvent
 from serve_app.agent.llm.base import ToolCall, ToolSpec
 from serve_app.agent.llm.openai_client import build_llm_client
 from serve_app.agent.loop import Agent
@@ -19,6 +20,8 @@ from serve_app.agent.tools.registry import ToolOutcome
 from serve_app.api.backend import ReadinessCheck
 from serve_app.config import load_settings
 from serve_app.identity import AuthUser
+from serve_app.observability.metrics import MetricsSink, answer_measurements
+from serve_app.observability.setup import configure_observability
 from serve_app.readiness import provider_check
 from serve_app.tracing import use_context
 
@@ -48,7 +51,9 @@ class HandleToolExecutor:
 class AgentLoopDeployment:
     def __init__(self, tool_proxy: DeploymentHandle[Any]) -> None:
         settings = load_settings()
+        configure_observability(settings, "AgentLoop")
         self.settings = settings
+        self.metrics: MetricsSink = RayServeMetrics()
         self._tool_proxy = tool_proxy
         self.agent = Agent(
             llm=build_llm_client(settings),
@@ -65,7 +70,9 @@ class AgentLoopDeployment:
         trace_context: dict[str, str] | None = None,
     ) -> AgentAnswer:
         with use_context(trace_context):
-            return await self.agent.answer(question, user, model=model, top_k=top_k)
+            answer = await self.agent.answer(question, user, model=model, top_k=top_k)
+        self.metrics.record(answer_measurements(answer))
+        return answer
 
     async def stream(
         self,
@@ -79,6 +86,8 @@ class AgentLoopDeployment:
         # (and, through the loop, the running tools).
         with use_context(trace_context):
             async for event in self.agent.stream(question, user, model=model, top_k=top_k):
+                if isinstance(event, DoneEvent):
+                    self.metrics.record(answer_measurements(event.response))
                 yield event
 
     async def readiness(self) -> list[ReadinessCheck]:

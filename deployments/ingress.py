@@ -38,6 +38,7 @@ from serve_app.api.backend import (
 from serve_app.authz import load_authorizer
 from serve_app.config import Settings, load_settings
 from serve_app.identity import AuthUser
+from serve_app.observability.setup import configure_observability
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0
@@ -216,6 +217,7 @@ class ServeBackend:
 class IngressDeployment:
     def __init__(self, agent_loop: DeploymentHandle[Any]) -> None:
         self.settings = load_settings()
+        configure_observability(self.settings, "Ingress")
         self.authorizer = load_authorizer()
         self.backend = ServeBackend(agent_loop, self.settings)
 

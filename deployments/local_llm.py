@@ -39,6 +39,7 @@ from ray.serve.handle import DeploymentHandle
 from serve_app.local_llm.proxy import UpstreamProxy
 from serve_app.local_llm.server import LocalLLMServer
 from serve_app.local_llm.settings import LocalLLMSettings
+from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 
 APP_NAME = "llm"
 DEPLOYMENT_NAME = "LocalLLM"
@@ -48,6 +49,7 @@ app = FastAPI(
     description="llama.cpp's OpenAI-compatible chat endpoint, served from a local GGUF file.",
     docs_url=None,
     redoc_url=None,
+    telemetry=FASTAPI_TELEMETRY_OFF,
 )
 
 

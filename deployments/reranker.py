@@ -8,6 +8,7 @@ from ray import serve
 
 from retrieval.rerankers import CrossEncoderReranker, build_reranker
 from serve_app.config import load_settings
+from serve_app.observability.setup import configure_observability
 
 
 @serve.deployment(
@@ -18,7 +19,9 @@ from serve_app.config import load_settings
 )
 class RerankerDeployment:
     def __init__(self) -> None:
-        self.reranker = build_reranker(load_settings())
+        settings = load_settings()
+        configure_observability(settings, "Reranker")
+        self.reranker = build_reranker(settings)
 
     def name(self) -> str:
         return self.reranker.name

@@ -3,6 +3,7 @@ asyncpg pool per replica, fusion, and reranking through the ``Reranker`` deploym
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,12 +11,15 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.metrics import RayServeMetrics
 from retrieval.embedders import Embedder, Vectors, build_embedder
 from retrieval.rerankers import NoopReranker, Reranker
 from retrieval.search import HybridRetriever, SearchHit
 from serve_app.api.backend import ReadinessCheck
 from serve_app.config import load_settings
 from serve_app.knowledge import LazyStore, retrieval_config
+from serve_app.observability.metrics import MetricsSink, retrieval_measurement
+from serve_app.observability.setup import configure_observability
 from serve_app.readiness import lazy_store_checks
 from serve_app.tracing import use_context
 
@@ -67,7 +71,9 @@ class _BatchedQueryEmbedder:
 class RetrieverDeployment:
     def __init__(self, reranker: DeploymentHandle[Any]) -> None:
         settings = load_settings()
+        configure_observability(settings, "Retriever")
         self.settings = settings
+        self.metrics: MetricsSink = RayServeMetrics()
         self.embedder = build_embedder(settings)
         ranker: Reranker = (
             NoopReranker()
@@ -96,8 +102,11 @@ class RetrieverDeployment:
         top_k: int | None = None,
         trace_context: dict[str, str] | None = None,
     ) -> list[SearchHit]:
+        started = time.perf_counter()
         with use_context(trace_context):
-            return await self.retriever.search(query, acl=acl, top_k=top_k)
+            hits = await self.retriever.search(query, acl=acl, top_k=top_k)
+        self.metrics.record([retrieval_measurement((time.perf_counter() - started) * 1000.0)])
+        return hits
 
     async def readiness(self) -> list[ReadinessCheck]:
         return await lazy_store_checks(self.store, self.settings)

@@ -19,7 +19,8 @@ from serve_app.agent.tools.registry import ToolOutcome
 from serve_app.api.backend import ReadinessCheck
 from serve_app.authz import load_authorizer
 from serve_app.config import load_settings
-from serve_app.tracing import inject_current, use_context
+from serve_app.observability.setup import configure_observability
+from serve_app.tracing import inject_current
 
 
 class _HandleRetriever:
@@ -46,6 +47,7 @@ class _HandleRetriever:
 class ToolProxyDeployment:
     def __init__(self, retriever: DeploymentHandle[Any]) -> None:
         settings = load_settings()
+        configure_observability(settings, "ToolProxy")
         self._retriever = retriever
         self.executor = LocalToolExecutor(
             build_default_registry(timeout_seconds=settings.resolved_tool_timeout_seconds),
@@ -56,8 +58,8 @@ class ToolProxyDeployment:
         )
 
     async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
-        with use_context(request.trace_context):
-            return await self.executor.execute(call, request)
+        # The executor attaches request.trace_context itself (the hop's span).
+        return await self.executor.execute(call, request)
 
     async def readiness(self) -> list[ReadinessCheck]:
         checks: list[ReadinessCheck] = await self._retriever.readiness.remote()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from opentelemetry import context as otel_context
 
 from ingest_jobs.sources import (
     PreparedSource,
@@ -38,6 +39,8 @@ from retrieval.embedders import Embedder, build_embedder, resolve_local_model
 from retrieval.search import embedding_input
 from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore
 from serve_app.config import Settings
+from serve_app.observability import attributes as attr
+from serve_app.observability.spans import tracer
 
 log = logging.getLogger(__name__)
 
@@ -291,14 +294,40 @@ async def run_ingest(
     embedder: Embedder | None = None,
     progress: ProgressCallback | None = None,
 ) -> IngestReport:
-    """Bring the store in line with the sources under ``options.roots``."""
+    """Bring the store in line with the sources under ``options.roots``.
+
+    Traced as its own trace (an ``ingest.run`` root, whatever the caller's context), with
+    ``ingest.discover``, ``ingest.embed`` (chunking and embedding, Ray Data or in-process) and
+    one ``ingest.write`` per document."""
+    with tracer().start_as_current_span(
+        "ingest.run",
+        context=otel_context.Context(),
+        attributes={attr.LANGFUSE_TYPE: "span", "ingest.executor": options.executor},
+    ) as span:
+        report = await _run_ingest(store, settings, options, embedder=embedder, progress=progress)
+        for key, value in report.as_dict().items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                span.set_attribute(f"ingest.{key}", value)
+        return report
+
+
+async def _run_ingest(
+    store: DocumentStore,
+    settings: Settings,
+    options: IngestOptions,
+    *,
+    embedder: Embedder | None,
+    progress: ProgressCallback | None,
+) -> IngestReport:
     started = time.perf_counter()
     report = IngestReport()
     notify = progress or (lambda event, done, total: None)
 
-    files: list[SourceFile] = discover(options.roots)
-    report.discovered = len(files)
-    stored = await store.documents()
+    with tracer().start_as_current_span("ingest.discover") as span:
+        files: list[SourceFile] = discover(options.roots)
+        report.discovered = len(files)
+        stored = await store.documents()
+        span.set_attribute("ingest.discovered", len(files))
     embedder_name = settings.embedding_model if embedder is None else embedder.name
     if embedder_name in {"sentence-transformers/all-MiniLM-L6-v2"}:
         embedder_name = "all-MiniLM-L6-v2"
@@ -326,7 +355,11 @@ async def run_ingest(
     )
 
     async def write(doc: PreparedSource, rows: list[dict[str, Any]]) -> None:
-        outcome = await store.write_document(_record(doc, rows))
+        with tracer().start_as_current_span(
+            "ingest.write", attributes={"ingest.source": doc.source, "ingest.chunks": len(rows)}
+        ) as span:
+            outcome = await store.write_document(_record(doc, rows))
+            span.set_attribute("ingest.outcome", outcome)
         if outcome == "new":
             report.new += 1
         else:
@@ -350,19 +383,33 @@ async def run_ingest(
                 docs, embedder or build_embedder(settings), tokenizer_path, options
             )
         rows_by_source: dict[str, list[dict[str, Any]]] = {}
-        async for item in _RowFeed(iterator).rows():
-            source = str(item["source"])
-            bucket = rows_by_source.setdefault(source, [])
-            bucket.append(item)
-            if len(bucket) == int(item["n_chunks"]):
-                await write(pending.pop(source), rows_by_source.pop(source))
+        embed_span = tracer().start_span(
+            "ingest.embed",
+            attributes={
+                attr.LANGFUSE_TYPE: "embedding",
+                attr.GEN_AI_OPERATION: "embeddings",
+                attr.GEN_AI_REQUEST_MODEL: settings.embedding_model,
+                "ingest.documents": len(docs),
+            },
+        )
+        try:
+            async for item in _RowFeed(iterator).rows():
+                source = str(item["source"])
+                bucket = rows_by_source.setdefault(source, [])
+                bucket.append(item)
+                if len(bucket) == int(item["n_chunks"]):
+                    await write(pending.pop(source), rows_by_source.pop(source))
+        finally:
+            embed_span.end()
         if pending:
             raise RuntimeError(f"ingestion lost chunks of {sorted(pending)}")
 
     if options.prune:
         present = {f.source for f in files}
         gone = [s for s in stored if s not in present]
-        report.pruned = await store.delete_sources(gone)
+        with tracer().start_as_current_span("ingest.prune") as span:
+            report.pruned = await store.delete_sources(gone)
+            span.set_attribute("ingest.pruned", report.pruned)
     report.seconds = time.perf_counter() - started
     notify("done", report.new + report.replaced, total)
     return report

@@ -15,10 +15,19 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from local_world.claims import HEADER, Claims, ClaimsError, parse_claims
+
+# The simulators stand in for other services: they do not add spans to the agent's traces.
+FASTAPI_TELEMETRY_OFF: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+}
 
 SECRET_HEADERS = frozenset(
     {"authorization", "cookie", "set-cookie", "proxy-authorization", "x-api-key", "api-key"}

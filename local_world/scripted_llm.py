@@ -66,8 +66,8 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from local_world._service import FASTAPI_TELEMETRY_OFF, redact_headers, require_loopback
 from local_world._service import ApiError as _ApiError
-from local_world._service import redact_headers, require_loopback
 
 DEFAULT_EMBEDDING_DIM = 384
 MAX_EMBEDDING_DIM = 8192
@@ -695,7 +695,9 @@ def _fault_response(fault: Fault) -> JSONResponse:
 def create_llm_app(llm: ScriptedLLM | None = None) -> FastAPI:
     """The scripted model server. Pass a :class:`ScriptedLLM` to drive it in-process."""
     state = llm if llm is not None else ScriptedLLM()
-    app = FastAPI(title="local scripted LLM", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="local scripted LLM", docs_url=None, redoc_url=None, telemetry=FASTAPI_TELEMETRY_OFF
+    )
     app.state.llm = state
     counter = {"n": 0}
 

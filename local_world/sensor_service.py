@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from local_world._service import (
+    FASTAPI_TELEMETRY_OFF,
     ApiError,
     Faults,
     ServiceControl,
@@ -111,7 +112,9 @@ def create_sensor_app(
     ``latency_ms``, ``garbage``, ``leak_foreign_rooms``: registry answers also carry devices
     of other rooms and of other buildings); ``seed`` fixes the failure dice."""
     world = world if world is not None else build_world()
-    app = FastAPI(title="local sensor-service", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="local sensor-service", docs_url=None, redoc_url=None, telemetry=FASTAPI_TELEMETRY_OFF
+    )
     control = ServiceControl("sensor-service", faults, seed=seed)
     install(app, control)
 

@@ -25,7 +25,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from local_world._service import Faults, ServiceControl, caller, install, not_found
+from local_world._service import (
+    FASTAPI_TELEMETRY_OFF,
+    Faults,
+    ServiceControl,
+    caller,
+    install,
+    not_found,
+)
 from local_world.clock import Clock, format_instant, system_clock
 from local_world.world import Building, Room, World, build_world
 
@@ -67,7 +74,9 @@ def create_twin_app(
     ``latency_ms``, ``garbage``, ``leak_foreign_rooms`` for room lists, and
     ``leak_foreign_buildings`` for ``GET /buildings``); ``seed`` fixes the failure dice."""
     world = world if world is not None else build_world()
-    app = FastAPI(title="local twin-service", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="local twin-service", docs_url=None, redoc_url=None, telemetry=FASTAPI_TELEMETRY_OFF
+    )
     control = ServiceControl("twin-service", faults, seed=seed)
     install(app, control)
 

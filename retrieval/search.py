@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from opentelemetry import context as otel_context
 
 from retrieval.embedders import Embedder
 from retrieval.fusion import rrf_score
 from retrieval.rerankers import Reranker
 from retrieval.store import Candidate, DocumentStore
+from serve_app.observability import attributes as attr
+from serve_app.observability.spans import Observer, tracer
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class RetrievalConfig:
     top_k_rerank: int = 20
     top_k_final: int = 5
     rrf_k: int = 60
+    observe_payloads: bool = False  # OBSERVE_PAYLOADS: query and chunk text on the spans
 
 
 def fuse_candidates(candidates: Sequence[Candidate], rrf_k: int) -> list[tuple[Candidate, float]]:
@@ -139,8 +143,85 @@ class HybridRetriever:
     async def search(
         self, query: str, *, acl: Sequence[str], top_k: int | None = None
     ) -> list[SearchHit]:
-        """Top chunks the caller (whose ACL entries are ``acl``) may see, best first."""
+        """Top chunks the caller (whose ACL entries are ``acl``) may see, best first.
+
+        Traced as ``retrieve.embed``, ``retrieve.vector`` + ``retrieve.keyword`` (both sides run
+        in one SQL round trip, so the two spans cover the same interval and say so), and
+        ``retrieve.rerank``; children of the current span (the ``tool.search_docs`` span)."""
         k = top_k or self.config.top_k_final
-        vector = await self.embed_query(query)
-        fused = await self.candidates(query, vector, acl)
-        return await self.rerank(query, fused, k)
+        observer = Observer(payloads=self.config.observe_payloads)
+        with tracer().start_as_current_span(
+            "retrieve.embed",
+            attributes={
+                attr.LANGFUSE_TYPE: "embedding",
+                attr.GEN_AI_OPERATION: "embeddings",
+                attr.GEN_AI_REQUEST_MODEL: self.embedder.name,
+                attr.GEN_AI_EMBEDDING_DIM: self.embedder.dim,
+            },
+        ) as span:
+            observer.payload(span, attr.LANGFUSE_INPUT, query)
+            vector = await self.embed_query(query)
+
+        parent = otel_context.get_current()
+        sides = [
+            observer.start(
+                f"retrieve.{side}",
+                "retriever",
+                parent=parent,
+                attributes={
+                    attr.GEN_AI_OPERATION: "retrieval",
+                    attr.GEN_AI_RETRIEVAL_TOP_K: top,
+                    attr.RETRIEVE_SHARED_ROUND_TRIP: True,
+                },
+            )
+            for side, top in (
+                ("vector", self.config.top_k_vector),
+                ("keyword", self.config.top_k_keyword),
+            )
+        ]
+        try:
+            fused = await self.candidates(query, vector, acl)
+        except BaseException as exc:
+            for span in sides:
+                observer.fail(span, "store_error", message=str(exc), exception=exc)
+                span.end()
+            raise
+        for span, side in zip(sides, ("vector", "keyword"), strict=True):
+            ranked = sorted(
+                (rank, c.chunk_id, c)
+                for c, _ in fused
+                if (rank := c.vector_rank if side == "vector" else c.keyword_rank) is not None
+            )
+            span.set_attribute(attr.GEN_AI_RETRIEVAL_COUNT, len(ranked))
+            observer.payload(span, attr.GEN_AI_RETRIEVAL_QUERY, query)
+            observer.payload(span, attr.LANGFUSE_INPUT, query)
+            if observer.payloads:
+                documents = [
+                    {"id": c.chunk_id, "rank": rank, "source": c.source} for rank, _, c in ranked
+                ]
+                observer.payload(span, attr.GEN_AI_RETRIEVAL_DOCUMENTS, documents)
+                observer.payload(span, attr.LANGFUSE_OUTPUT, documents)
+            span.end()
+
+        with tracer().start_as_current_span(
+            "retrieve.rerank",
+            attributes={
+                attr.LANGFUSE_TYPE: "retriever",
+                attr.GEN_AI_OPERATION: "rerank",
+                attr.RETRIEVE_RERANKER: self.reranker.name,
+                attr.RETRIEVE_CANDIDATES: len(fused),
+                attr.GEN_AI_RETRIEVAL_TOP_K: k,
+            },
+        ) as span:
+            hits = await self.rerank(query, fused, k)
+            span.set_attribute(attr.GEN_AI_RETRIEVAL_COUNT, len(hits))
+            if observer.payloads:
+                documents = [
+                    {"id": h.chunk_id, "score": h.score, "source": h.source, "text": h.text}
+                    for h in hits
+                ]
+                observer.payload(span, attr.GEN_AI_RETRIEVAL_QUERY, query)
+                observer.payload(span, attr.LANGFUSE_INPUT, query)
+                observer.payload(span, attr.GEN_AI_RETRIEVAL_DOCUMENTS, documents)
+                observer.payload(span, attr.LANGFUSE_OUTPUT, documents)
+        return hits

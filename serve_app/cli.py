@@ -4,12 +4,14 @@ Subcommands:
   db       start/stop the embedded PostgreSQL, migrate, show status
   ingest   load the documentation into the knowledge base (Ray Data job)
   search   run a hybrid search as a given caller (retrieval debugging and evaluation)
+  eval     run the golden dataset against the running service (see evals/README.md)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -36,10 +38,10 @@ def _csv(value: str | None) -> list[str]:
 
 
 def _configure_logging(settings: Settings, verbose: bool) -> None:
+    from serve_app.observability.setup import configure_logging
+
     level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings, level=level)
     for noisy in (
         "httpx",
         "alembic.runtime.migration",
@@ -146,6 +148,11 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     from retrieval.acl import parse_acl
     from retrieval.embedders import build_embedder
     from serve_app.knowledge import open_store
+    from serve_app.observability.setup import configure_observability, flush_observability
+
+    # The run is its own trace (ingest.run); exported before the process exits.
+    configure_observability(settings, "ingest")
+    atexit.register(flush_observability)
 
     if args.root:
         acl = parse_acl(_csv(args.acl))
@@ -420,6 +427,18 @@ def _ask_stream(
     return final
 
 
+# --- eval ---
+
+
+def cmd_eval(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from evals.command import EvalOptions, EvalUsageError, run_eval_command
+
+    try:
+        return run_eval_command(EvalOptions.from_namespace(args), settings, out)
+    except EvalUsageError as exc:
+        raise CliError(str(exc)) from None
+
+
 # --- parser ---
 
 
@@ -531,6 +550,35 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--model", help="answer-model override (role-gated)")
     ask.add_argument("--json", action="store_true", help="print the response JSON")
     ask.set_defaults(handler=cmd_ask)
+
+    ev = sub.add_parser(
+        "eval",
+        help="run golden datasets against the running service and score them "
+        "(exit 0: all non-xfail rows pass, 1: a failure, 2: usage/config/dataset error)",
+        description="Asks every row over HTTP with an eval token minted from EVAL_JWT_SECRET "
+        "for the row's user, scores its expectations (a judge model, JUDGE_MODEL, grades "
+        "'declined' and 'rubric'), prints a summary, and writes JUnit XML and a Markdown "
+        "report. --models runs one Ray task per model and compares them; --retrieval measures "
+        "recall@k and MRR of the documentation search alone. See evals/README.md.",
+    )
+    ev.add_argument(
+        "datasets", nargs="*", metavar="DATASET", help="YAML files (default: golden.yaml)"
+    )
+    ev.add_argument("--base-url", help="API base URL (default: SERVE_HOST:SERVE_PORT+API_PREFIX)")
+    ev.add_argument("--concurrency", type=int, default=4, help="rows in flight (default 4)")
+    ev.add_argument("--model", help="answer-model override for every row (role-gated)")
+    ev.add_argument("--models", metavar="A,B", help="sweep: one run per model, in parallel")
+    ev.add_argument("--strict", action="store_true", help="an XPASS (stale xfail) fails the run")
+    ev.add_argument("--only", action="append", metavar="ID", help="run only these row ids")
+    ev.add_argument("--tag", action="append", metavar="T", help="run only rows with this tag")
+    ev.add_argument("--junit", metavar="PATH", help="JUnit XML path (default OUT_DIR/junit.xml)")
+    ev.add_argument("--report", metavar="PATH", help="Markdown path (default OUT_DIR/report.md)")
+    ev.add_argument("--out-dir", metavar="DIR", help="default evals/reports/<today>")
+    ev.add_argument("--retrieval", action="store_true", help="retrieval only: recall@k, MRR")
+    ev.add_argument("--k", type=int, default=5, help="--retrieval depth in sources (default 5)")
+    ev.add_argument("--no-judge", action="store_true", help="skip judge-graded expectations")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.set_defaults(handler=cmd_eval)
     return parser
 
 

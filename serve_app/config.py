@@ -200,6 +200,9 @@ class Settings(BaseSettings):
     otel_exporter_otlp_endpoint: str | None = None
     otel_exporter_otlp_headers: SecretStr | None = None
     otel_service_name: str = "agent-service"
+    otel_sdk_disabled: bool = Field(
+        default=False, description="true: no spans at all (trace ids still flow and are returned)."
+    )
 
     # --- evals ---
     judge_model: str = "google/gemini-2.5-flash"

@@ -50,6 +50,7 @@ def retrieval_config(settings: Settings) -> RetrievalConfig:
         top_k_rerank=settings.top_k_rerank,
         top_k_final=settings.top_k_final,
         rrf_k=settings.rrf_k,
+        observe_payloads=settings.observe_payloads,
     )
 
 

@@ -171,3 +171,38 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
         await store.close()
     yield url
     await _drop_database(pg_admin_url, name)
+
+
+# --- spans ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _span_memory() -> Any:
+    """One in-memory exporter on this process's tracer provider (installed here when nothing
+    has installed one yet: OpenTelemetry allows one global provider per process)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from serve_app.config import Settings
+    from serve_app.observability.setup import build_provider
+
+    memory = InMemorySpanExporter()
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        current.add_span_processor(SimpleSpanProcessor(memory))
+    else:
+        settings = Settings(_env_file=None)  # type: ignore[call-arg]
+        trace.set_tracer_provider(
+            build_provider(settings, "tests", processor=SimpleSpanProcessor(memory))
+        )
+    return memory
+
+
+@pytest.fixture
+def spans(_span_memory: Any) -> Iterator[Any]:
+    """The finished spans of this test (``spans.get_finished_spans()``)."""
+    _span_memory.clear()
+    yield _span_memory
+    _span_memory.clear()

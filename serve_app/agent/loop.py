@@ -22,11 +22,15 @@ Plain async Python: no Ray, no FastAPI.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span
 
 from serve_app.agent.access import DomainAuthorizer
 from serve_app.agent.answer import (
@@ -78,10 +82,14 @@ from serve_app.agent.tools.base import ChunkSink, Retriever
 from serve_app.agent.tools.downstream import Downstream
 from serve_app.agent.tools.executor import LocalToolExecutor, ToolExecutor, ToolRequest
 from serve_app.agent.tools.registry import ToolOutcome
-from serve_app.agent.usage import PriceTable, RunUsage, default_price_table
+from serve_app.agent.usage import HopUsage, PriceTable, RunUsage, default_price_table
 from serve_app.config import Settings
 from serve_app.identity import AuthUser
-from serve_app.tracing import current_trace_id, inject_current
+from serve_app.observability import attributes as attr
+from serve_app.observability.attributes import provider_name
+from serve_app.observability.payloads import message_payload, reply_payload
+from serve_app.observability.spans import Observer, in_span, set_attributes, to_json
+from serve_app.tracing import inject, request_context, trace_id_of
 
 __all__ = ["Agent", "AgentAnswer", "AgentEvent"]
 
@@ -117,6 +125,7 @@ class _Run:
     notes: list[str] = field(default_factory=list)
     malformed: int = 0
     seen_chunks: ChunkSink = field(default_factory=ChunkSink)
+    trace_id: str | None = None
 
     def retrieved(self) -> dict[str, ChunkInfo]:
         return {
@@ -165,6 +174,8 @@ class Agent:
         self.mode: Mode = tool_calling_mode or settings.tool_calling_mode
         self.prices = prices or default_price_table()
         self.max_hops = settings.max_tool_hops
+        self.observer = Observer(payloads=settings.observe_payloads)
+        self.provider = provider_name(getattr(llm, "base_url", "") or settings.llm_base_url)
 
     @classmethod
     def from_settings(
@@ -235,76 +246,244 @@ class Agent:
         top_k: int | None,
         streaming: bool,
     ) -> AsyncGenerator[AgentEvent, None]:
+        """The loop inside its ``agent.answer`` span (opened and ended here, never attached
+        across a yield: the consumer may resume or close this generator from another task)."""
+        parent = request_context(user.sub)
+        root = self._start_root(parent, question, model or self.llm.default_model, streaming)
+        done: AgentAnswer | None = None
+        try:
+            events = self._loop(
+                question,
+                user,
+                model=model,
+                top_k=top_k,
+                streaming=streaming,
+                root=in_span(root, parent),
+            )
+            async with aclosing(events):
+                async for event in events:
+                    if isinstance(event, DoneEvent):
+                        done = event.response
+                    yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            root.set_attribute(attr.AGENT_CANCELLED, True)
+            raise
+        except Exception as exc:  # pragma: no cover - the loop turns failures into answers
+            self.observer.fail(root, "internal_error", message=str(exc), exception=exc)
+            raise
+        finally:
+            self._end_root(root, question, done)
+
+    def _start_root(
+        self, parent: otel_context.Context, question: str, model: str, streaming: bool
+    ) -> Span:
+        # Attached for the start only: a fresh request's preset trace id is read from the
+        # current context by the id generator (see serve_app.tracing).
+        token = otel_context.attach(parent)
+        try:
+            root = self.observer.start(
+                "agent.answer",
+                "agent",
+                parent=parent,
+                attributes={
+                    attr.GEN_AI_OPERATION: "invoke_agent",
+                    attr.GEN_AI_AGENT_NAME: attr.AGENT_NAME,
+                    attr.GEN_AI_PROVIDER: self.provider,
+                    attr.GEN_AI_REQUEST_MODEL: model,
+                    attr.LANGFUSE_TRACE_NAME: "agent.answer",
+                    attr.AGENT_STREAMING: streaming,
+                    attr.AGENT_TOOL_CALLING_MODE: self.mode,
+                },
+            )
+        finally:
+            otel_context.detach(token)
+        self.observer.payload(root, attr.LANGFUSE_INPUT, question)
+        self.observer.payload(root, attr.LANGFUSE_TRACE_INPUT, question)
+        return root
+
+    def _end_root(self, root: Span, question: str, done: AgentAnswer | None) -> None:
+        if done is not None:
+            cost = (
+                done.cost.provider_usd
+                if done.cost.provider_usd is not None
+                else (done.cost.estimated_usd)
+            )
+            set_attributes(
+                root,
+                {
+                    attr.AGENT_DECISION: done.decision,
+                    attr.AGENT_IDK: done.idk,
+                    attr.AGENT_HOPS: len(done.usage.hops),
+                    attr.AGENT_TOOL_CALLS: len(done.tool_calls),
+                    attr.AGENT_CITATIONS: len(done.citations),
+                    attr.AGENT_HALLUCINATED: len(done.retrieval.hallucinated_citations),
+                    attr.GEN_AI_RESPONSE_MODEL: done.model,
+                    attr.GEN_AI_INPUT_TOKENS: done.usage.input_tokens,
+                    attr.GEN_AI_OUTPUT_TOKENS: done.usage.output_tokens,
+                    attr.GEN_AI_COST: cost,
+                },
+            )
+            self.observer.payload(root, attr.LANGFUSE_OUTPUT, done.answer)
+            self.observer.payload(root, attr.LANGFUSE_TRACE_OUTPUT, done.answer)
+            if done.error is not None:
+                self.observer.fail(root, done.error.code, message=done.error.message)
+        root.end()
+
+    async def _loop(
+        self,
+        question: str,
+        user: AuthUser,
+        *,
+        model: str | None,
+        top_k: int | None,
+        streaming: bool,
+        root: otel_context.Context,
+    ) -> AsyncGenerator[AgentEvent, None]:
         specs = self.tools.specs()
         run = _Run(
-            request=ToolRequest(user=user, top_k=top_k, trace_context=inject_current()),
+            request=ToolRequest(user=user, top_k=top_k),
             model=model or self.llm.default_model,
             usage=RunUsage(prices=self.prices),
             messages=[
                 Message("system", self.prompt.render(self.mode, specs)),
                 Message("user", question),
             ],
+            trace_id=trace_id_of(root),
         )
         for hop in range(1, self.max_hops + 1):
-            request = ChatRequest(messages=tuple(run.messages), tools=specs, model=model)
-            retrieved = run.retrieved()
-            stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
-            result: ChatResult | None = None
+            hop_span = self.observer.start(
+                f"agent.hop.{hop}", "chain", parent=root, attributes={attr.AGENT_HOP: hop}
+            )
+            hop_ctx = in_span(hop_span, root)
             try:
-                if streaming:
-                    hop_events = self._stream_hop(request, stream_filter, retrieved)
-                    async with aclosing(hop_events):
-                        async for event in hop_events:
-                            if isinstance(event, ChatResult):
-                                result = event
-                            else:
-                                yield event
-                else:
-                    result = await self.llm.chat(request)
-            except MalformedReply as exc:
-                run.malformed += 1
-                log.warning("hop %d: malformed reply (%d): %s", hop, run.malformed, exc)
-                if run.malformed >= MAX_MALFORMED_REPLIES:
+                request = ChatRequest(messages=tuple(run.messages), tools=specs, model=model)
+                retrieved = run.retrieved()
+                stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
+                result: ChatResult | None = None
+                generation = self._start_generation(request, run.model, hop_ctx)
+                try:
+                    if streaming:
+                        hop_events = self._stream_hop(request, stream_filter, retrieved)
+                        async with aclosing(hop_events):
+                            async for event in hop_events:
+                                if isinstance(event, ChatResult):
+                                    result = event
+                                else:
+                                    yield event
+                    else:
+                        result = await self.llm.chat(request)
+                except MalformedReply as exc:
+                    self._end_generation(generation, None, None, error=exc)
+                    run.malformed += 1
+                    log.warning("hop %d: malformed reply (%d): %s", hop, run.malformed, exc)
+                    if run.malformed >= MAX_MALFORMED_REPLIES:
+                        yield self._provider_error(run, exc)
+                        return
+                    run.messages.append(Message("user", _retry_note(exc)))
+                    continue
+                except LLMError as exc:
+                    self._end_generation(generation, None, None, error=exc)
+                    log.warning("hop %d: provider error: %s", hop, exc)
                     yield self._provider_error(run, exc)
                     return
-                run.messages.append(Message("user", _retry_note(exc)))
-                continue
-            except LLMError as exc:
-                log.warning("hop %d: provider error: %s", hop, exc)
-                yield self._provider_error(run, exc)
-                return
-            if result is None:  # pragma: no cover - the client contract ends with Completed
-                yield self._provider_error(run, MalformedReply("the reply stream ended early"))
-                return
-            run.malformed = 0
-            run.model = result.model or run.model
-            run.usage.record(result.usage, run.model, hop=hop)
+                except BaseException:
+                    generation.end()
+                    raise
+                if result is None:  # pragma: no cover - the client contract ends with Completed
+                    generation.end()
+                    yield self._provider_error(run, MalformedReply("the reply stream ended early"))
+                    return
+                run.malformed = 0
+                run.model = result.model or run.model
+                recorded = run.usage.record(result.usage, run.model, hop=hop)
+                self._end_generation(generation, result, recorded)
 
-            if result.kind == "tool_calls" and result.tool_calls:
-                if hop == self.max_hops:
-                    names = ", ".join(call.name for call in result.tool_calls)
-                    run.notes.append(
-                        f"tool loop exhausted after {hop} model calls; "
-                        f"the model still asked for: {names}"
+                if result.kind == "tool_calls" and result.tool_calls:
+                    if hop == self.max_hops:
+                        names = ", ".join(call.name for call in result.tool_calls)
+                        run.notes.append(
+                            f"tool loop exhausted after {hop} model calls; "
+                            f"the model still asked for: {names}"
+                        )
+                        break
+                    run.messages.append(
+                        Message("assistant", result.text, tool_calls=tuple(result.tool_calls))
                     )
-                    break
-                run.messages.append(
-                    Message("assistant", result.text, tool_calls=tuple(result.tool_calls))
-                )
-                tool_events = self._run_tools(run, result.tool_calls)
-                async with aclosing(tool_events):
-                    async for tool_event in tool_events:
-                        yield tool_event
-                continue
+                    tool_events = self._run_tools(run, result.tool_calls, hop_ctx)
+                    async with aclosing(tool_events):
+                        async for tool_event in tool_events:
+                            yield tool_event
+                    continue
 
-            async for event in self._finish(run, result, streaming):
-                yield event
-            return
+                async for event in self._finish(run, result, streaming):
+                    yield event
+                return
+            finally:
+                hop_span.end()
 
         text = IDK_MARKER
         if streaming:
             yield TokenEvent(text=text)
         yield DoneEvent(response=self._response(run, text, "tool_loop_exhausted", idk=True))
+
+    def _start_generation(
+        self, request: ChatRequest, model: str, parent: otel_context.Context
+    ) -> Span:
+        span = self.observer.start(
+            f"gen_ai.chat {request.model or model}",
+            "generation",
+            parent=parent,
+            attributes={
+                attr.GEN_AI_OPERATION: "chat",
+                attr.GEN_AI_PROVIDER: self.provider,
+                attr.GEN_AI_REQUEST_MODEL: request.model or model,
+                attr.GEN_AI_REQUEST_TEMPERATURE: self.settings.llm_temperature,
+                attr.GEN_AI_REQUEST_MAX_TOKENS: self.settings.max_output_tokens,
+                attr.AGENT_TOOLS_OFFERED: len(request.tools),
+            },
+        )
+        if self.observer.payloads and span.is_recording():
+            messages = [message_payload(m) for m in request.messages]
+            self.observer.payload(span, attr.GEN_AI_INPUT_MESSAGES, messages)
+            self.observer.payload(span, attr.LANGFUSE_INPUT, messages)
+        return span
+
+    def _end_generation(
+        self,
+        span: Span,
+        result: ChatResult | None,
+        usage: HopUsage | None,
+        *,
+        error: LLMError | None = None,
+    ) -> None:
+        if error is not None:
+            kind = "malformed_reply" if isinstance(error, MalformedReply) else "provider_error"
+            self.observer.fail(span, kind, message=str(error), exception=error)
+            set_attributes(span, {attr.GEN_AI_ERROR_STATUS: error.status_code})
+        if result is not None:
+            set_attributes(
+                span,
+                {
+                    attr.GEN_AI_RESPONSE_MODEL: result.model or None,
+                    attr.LANGFUSE_MODEL: result.model or None,
+                    attr.GEN_AI_FINISH_REASONS: (
+                        [result.finish_reason] if result.finish_reason else None
+                    ),
+                    attr.GEN_AI_REPLY_KIND: result.kind,
+                    attr.GEN_AI_INPUT_TOKENS: result.usage.input_tokens,
+                    attr.GEN_AI_OUTPUT_TOKENS: result.usage.output_tokens,
+                },
+            )
+            if usage is not None:
+                cost = usage.provider_usd if usage.provider_usd is not None else usage.estimated_usd
+                if cost is not None:
+                    span.set_attribute(attr.GEN_AI_COST, cost)
+                    span.set_attribute(attr.LANGFUSE_COST_DETAILS, to_json({"total": cost}))
+            if self.observer.payloads and span.is_recording():
+                output = reply_payload(result)
+                self.observer.payload(span, attr.GEN_AI_OUTPUT_MESSAGES, [output])
+                self.observer.payload(span, attr.LANGFUSE_OUTPUT, output)
+        span.end()
 
     async def _stream_hop(
         self,
@@ -347,12 +526,17 @@ class Agent:
                     await aclose()
 
     async def _run_tools(
-        self, run: _Run, calls: tuple[ToolCall, ...] | list[ToolCall]
+        self,
+        run: _Run,
+        calls: tuple[ToolCall, ...] | list[ToolCall],
+        hop: otel_context.Context,
     ) -> AsyncGenerator[AgentEvent, None]:
         """Run one hop's tool calls concurrently; yield a tool event as each finishes;
-        append the results to the conversation in call order."""
+        append the results to the conversation in call order. Each call carries the hop's
+        trace context, so its ``tool.<name>`` span (opened where it runs) is the hop's child."""
+        request = dataclasses.replace(run.request, trace_context=inject(hop))
         tasks = [
-            asyncio.create_task(self.tools.execute(call, run.request), name=f"tool:{call.name}")
+            asyncio.create_task(self.tools.execute(call, request), name=f"tool:{call.name}")
             for call in calls
         ]
         try:
@@ -470,6 +654,6 @@ class Agent:
                 chunk_ids=chunk_ids,
             ),
             model=run.model,
-            trace_id=current_trace_id(),
+            trace_id=run.trace_id,
             notes=list(run.notes),
         )

@@ -58,6 +58,7 @@ from serve_app.api.routes import ask, health, ingest
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.config import Settings
+from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 API_TITLE = "agent-service"
@@ -88,6 +89,7 @@ def create_app(
         redoc_url=None,
         openapi_url=f"{prefix}/openapi.json",
         lifespan=lifespan,
+        telemetry=FASTAPI_TELEMETRY_OFF,
     )
     app.state.backend = backend
     app.state.settings = settings

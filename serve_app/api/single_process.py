@@ -12,7 +12,6 @@ or ``python -m serve_app.api.single_process --port 3000``. Settings come from th
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from serve_app.api.app import create_app
 from serve_app.api.local_backend import LocalBackend, build_local_backend
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.config import Settings, SettingsError, load_settings
+from serve_app.observability.setup import configure_observability
 
 
 def create_single_process_app(
@@ -63,9 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"agent-service: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_observability(settings, "single-process")
     uvicorn.run(create_single_process_app(settings), host=args.host, port=args.port)
     return 0
 

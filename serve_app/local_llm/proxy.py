@@ -22,6 +22,8 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
+
 log = logging.getLogger(__name__)
 
 _FORWARDED_REQUEST_HEADERS = ("content-type", "accept", "traceparent", "tracestate")
@@ -174,7 +176,12 @@ class UpstreamProxy:
 def create_proxy_app(proxy: UpstreamProxy) -> FastAPI:
     """The deployment's routes as a plain FastAPI app (no Ray): for tests, and for serving an
     ``UpstreamProxy`` from a single process."""
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        telemetry=FASTAPI_TELEMETRY_OFF,
+    )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

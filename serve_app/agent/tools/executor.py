@@ -22,6 +22,7 @@ from serve_app.agent.tools.downstream import Downstream
 from serve_app.agent.tools.registry import ToolOutcome, ToolRegistry
 from serve_app.config import Settings
 from serve_app.identity import AuthUser
+from serve_app.tracing import use_context
 
 
 @dataclass(frozen=True)
@@ -76,4 +77,6 @@ class LocalToolExecutor:
         )
 
     async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
-        return await self.registry.dispatch(call, self.context(request))
+        # The hop's trace context: the tool's span (and retrieval's below it) are its children.
+        with use_context(request.trace_context):
+            return await self.registry.dispatch(call, self.context(request))

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from retrieval.search import SearchHit
 from serve_app.agent.llm.base import ToolCall, ToolSpec
 from serve_app.agent.tools.base import ChunkSink, Tool, ToolContext, ToolError
+from serve_app.observability import attributes as attr
+from serve_app.observability.spans import Observer, tracer
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +112,52 @@ class ToolRegistry:
         return [tool.spec() for tool in self._tools.values()]
 
     async def dispatch(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+        """Run one call inside its ``tool.<name>`` span (``tool.unknown`` for a name that is
+        not a tool: the name is model text, so it is not put in a span name)."""
+        observer = Observer(payloads=ctx.settings.observe_payloads)
+        known = call.name in self._tools
+        span_attributes: dict[str, AttributeValue] = {
+            attr.GEN_AI_OPERATION: "execute_tool",
+            attr.GEN_AI_TOOL_TYPE: "function",
+            attr.GEN_AI_TOOL_CALL_ID: call.id,
+        }
+        if known:
+            span_attributes[attr.GEN_AI_TOOL_NAME] = call.name
+        with tracer().start_as_current_span(
+            f"tool.{call.name if known else 'unknown'}",
+            attributes={attr.LANGFUSE_TYPE: "tool", **span_attributes},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            observer.payload(span, attr.GEN_AI_TOOL_ARGUMENTS, call.arguments)
+            observer.payload(span, attr.LANGFUSE_INPUT, call.arguments)
+            outcome, failure = await self._dispatch(call, ctx)
+            span.set_attribute(attr.TOOL_OK, outcome.ok)
+            if failure is not None:
+                kind, exc = failure
+                span.set_attribute(attr.TOOL_ERROR_KIND, kind)
+                observer.fail(span, kind, message=outcome.error, exception=exc)
+            observer.payload(span, attr.GEN_AI_TOOL_RESULT, outcome.result_json)
+            observer.payload(span, attr.LANGFUSE_OUTPUT, outcome.result_json)
+            return outcome
+
+    async def _dispatch(
+        self, call: ToolCall, ctx: ToolContext
+    ) -> tuple[ToolOutcome, tuple[str, BaseException | None] | None]:
+        """The outcome, and (kind, exception) when the call failed."""
         started = time.perf_counter()
         arguments, problem = parse_arguments(call.arguments)
         # A sink of its own, so the outcome carries exactly this call's chunks (also across a
         # process boundary); they are merged into the request's sink as well.
         call_ctx = dataclasses.replace(ctx, seen_chunks=ChunkSink())
+        Failure = tuple[str, BaseException | None]
 
-        def outcome(result: object | None, error: str | None) -> ToolOutcome:
+        def outcome(
+            result: object | None,
+            error: str | None,
+            kind: str = "",
+            exc: BaseException | None = None,
+        ) -> tuple[ToolOutcome, Failure | None]:
             if error is not None:
                 error = error[:MAX_ERROR_CHARS]
                 text = _json({"error": error})
@@ -123,10 +165,11 @@ class ToolRegistry:
                 text = _json(result)
                 if len(text) > MAX_RESULT_CHARS:
                     error = "the result is too large; ask for less (a narrower request)"
+                    kind = "result_too_large"
                     text = _json({"error": error})
             chunks = tuple(call_ctx.seen_chunks) if error is None else ()
             ctx.seen_chunks.add(chunks)
-            return ToolOutcome(
+            done = ToolOutcome(
                 call_id=call.id,
                 name=call.name,
                 arguments=arguments,
@@ -136,27 +179,40 @@ class ToolRegistry:
                 duration_ms=round((time.perf_counter() - started) * 1000.0, 2),
                 chunks=chunks,
             )
+            return done, (None if error is None else (kind or "tool_error", exc))
 
         tool = self._tools.get(call.name)
         if tool is None:
-            return outcome(None, f"unknown tool {call.name!r}; available: {', '.join(self.names)}")
+            return outcome(
+                None,
+                f"unknown tool {call.name!r}; available: {', '.join(self.names)}",
+                "unknown_tool",
+            )
         if problem is not None:
-            return outcome(None, f"{problem}; call {call.name} again with a JSON object")
+            return outcome(
+                None, f"{problem}; call {call.name} again with a JSON object", "invalid_arguments"
+            )
         try:
             args: BaseModel = tool.args_model.model_validate(arguments)
         except ValidationError as exc:
-            return outcome(None, validation_message(call.name, exc))
+            return outcome(None, validation_message(call.name, exc), "invalid_arguments", exc)
         timeout = tool.timeout_seconds or self.timeout_seconds
         try:
             result = await asyncio.wait_for(tool.run(args, call_ctx), timeout)
         except ToolError as exc:
-            return outcome(None, str(exc) or f"{call.name} failed")
-        except (TimeoutError, httpx.TimeoutException):
-            return outcome(None, f"{call.name} timed out after {timeout:g} s; try again later")
+            return outcome(None, str(exc) or f"{call.name} failed", "tool_error", exc)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            return outcome(
+                None, f"{call.name} timed out after {timeout:g} s; try again later", "timeout", exc
+            )
         except httpx.HTTPError as exc:
             log.warning("tool %s: HTTP error: %s", call.name, exc)
-            return outcome(None, f"{call.name} could not reach a live-data service")
-        except Exception:
+            return outcome(
+                None, f"{call.name} could not reach a live-data service", "downstream_error", exc
+            )
+        except Exception as exc:
             log.exception("tool %s crashed", call.name)
-            return outcome(None, f"{call.name} failed with an internal error")
+            return outcome(
+                None, f"{call.name} failed with an internal error", "internal_error", exc
+            )
         return outcome(result, None)

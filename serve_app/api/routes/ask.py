@@ -46,6 +46,8 @@ from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_respons
 from serve_app.api.middleware import current_request_id
 from serve_app.tracing import carrier_from_headers
 
+SESSION_HEADER = "x-session-id"  # optional: groups a conversation's traces (session.id)
+
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["ask"])
@@ -208,7 +210,11 @@ async def ask(
         question=body.question,
         model=None if model == settings.answer_model else model,
         top_k=body.top_k,
-        trace_context=carrier_from_headers(request.headers),
+        trace_context=carrier_from_headers(
+            request.headers,
+            user_id=user.sub,
+            session_id=request.headers.get(SESSION_HEADER),
+        ),
     )
     if body.stream:
         events = backend.ask_stream(user, params)
