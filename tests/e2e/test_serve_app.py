@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from local_world.otlp_collector import OtlpCollector, create_otlp_app
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
@@ -36,9 +37,10 @@ ADMIN = claims("u-admin", ("crowdvision-ops", "admin"))
 
 
 class Stack:
-    def __init__(self, url: str, llm: ScriptedLLM) -> None:
+    def __init__(self, url: str, llm: ScriptedLLM, collector: OtlpCollector) -> None:
         self.url = url
         self.llm = llm
+        self.collector = collector  # every replica exports its spans here over OTLP/HTTP
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +52,14 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     world = build_world()
     llm = ScriptedLLM()
+    collector = OtlpCollector()
     docs = tmp_path_factory.mktemp("ingest-docs")
     (docs / "page.md").write_text("# E2E page\n\nThe pelican sensor reports every minute.\n")
     with (
         run_in_thread(create_twin_app(world)) as twin_url,
         run_in_thread(create_sensor_app(world)) as sensor_url,
         run_in_thread(create_llm_app(llm)) as llm_url,
+        run_in_thread(create_otlp_app(collector)) as otlp_url,
     ):
         env = {
             "DATABASE_URL": sample_docs_url,
@@ -71,6 +75,9 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "HF_HUB_OFFLINE": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
             "ASK_TIMEOUT_SECONDS": "8",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-langfuse-ingestion-version=4",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",  # export within 0.2 s (default 5 s)
         }
         port = free_port()
         with scoped_environ(env), ray_cluster() as address:
@@ -80,7 +87,7 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 serve.run(build_app(), name="agent", route_prefix="/")
                 url = f"http://127.0.0.1:{port}"
                 wait_ready(url)
-                yield Stack(url, llm)
+                yield Stack(url, llm, collector)
             finally:
                 if ray.is_initialized():  # else serve.shutdown() would try to connect
                     serve.shutdown()
@@ -146,6 +153,49 @@ def test_json_ask_runs_the_tool_chain_and_validates_citations(
     # top_k reached retrieval: the tool result shown to the model had up to 8 chunks.
     tool_message = stack.llm.chat_requests()[-1].body["messages"][-1]["content"]
     assert 1 < tool_message.count('"chunk_id"') <= 8
+
+
+def test_one_trace_spans_every_deployment_and_arrives_over_otlp(
+    stack: Stack, sample_docs_url: str
+) -> None:
+    question = "How often do alerts repeat? (traced)"
+    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    _script_docs_answer(stack.llm, question, chunk_id)
+    resp = httpx.post(
+        f"{stack.url}/ask",
+        json={"question": question},
+        headers={**STAFF, "x-session-id": "chat-7"},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    trace_id = resp.json()["trace_id"]
+
+    def complete(spans: list[Any]) -> bool:
+        names = {s.name for s in spans if s.trace_id == trace_id}
+        return {"agent.answer", "tool.search_docs", "retrieve.rerank"} <= names
+
+    spans = [s for s in stack.collector.wait_for(complete) if s.trace_id == trace_id]
+    by_id = {s.span_id: s for s in spans}
+    (root,) = [s for s in spans if s.name == "agent.answer"]
+    assert root.parent_span_id == ""  # a true root: no invented parent
+    # each span's parent is in the same trace, so the tree is whole across processes
+    assert all(s.parent_span_id in by_id for s in spans if s is not root)
+    components = {s.name: s.resource["service.component"] for s in spans}
+    assert components["agent.answer"] == "AgentLoop"
+    assert components["tool.search_docs"] == "ToolProxy"
+    assert components["retrieve.vector"] == components["retrieve.rerank"] == "Retriever"
+    tool = next(s for s in spans if s.name == "tool.search_docs")
+    assert by_id[tool.parent_span_id].name == "agent.hop.1"
+    assert by_id[by_id[tool.parent_span_id].parent_span_id] is root
+    for span in spans:
+        assert span.attributes["user.id"] == "u-staff"
+        assert span.attributes["session.id"] == "chat-7"
+        assert span.attributes["langfuse.observation.type"]
+        assert span.resource["service.name"] == "agent-service"
+    # OBSERVE_PAYLOADS is off: the question's words are nowhere in what was exported
+    exported = json.dumps([[s.name, s.attributes, s.events] for s in spans])
+    assert "alert cooldown" not in exported and "repeat" not in exported
+    assert all(h.get("x-langfuse-ingestion-version") == "4" for h in stack.collector.requests)
 
 
 def test_sse_streams_events_in_order_and_done_matches_json(
