@@ -569,8 +569,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", help="answer-model override for every row (role-gated)")
     ev.add_argument("--models", metavar="A,B", help="sweep: one run per model, in parallel")
     ev.add_argument("--strict", action="store_true", help="an XPASS (stale xfail) fails the run")
-    ev.add_argument("--only", action="append", metavar="ID", help="run only these row ids")
-    ev.add_argument("--tag", action="append", metavar="T", help="run only rows with this tag")
+    ev.add_argument(
+        "--only",
+        action="append",
+        metavar="ID",
+        help="run only this row id (repeatable or comma-separated)",
+    )
+    ev.add_argument(
+        "--tag",
+        action="append",
+        metavar="T",
+        help="run only rows with this tag (repeatable or comma-separated)",
+    )
     ev.add_argument("--junit", metavar="PATH", help="JUnit XML path (default OUT_DIR/junit.xml)")
     ev.add_argument("--report", metavar="PATH", help="Markdown path (default OUT_DIR/report.md)")
     ev.add_argument("--out-dir", metavar="DIR", help="default evals/reports/<today>")

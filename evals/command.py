@@ -1,0 +1,240 @@
+"""``agent-service eval``: what the subcommand does once its arguments are parsed.
+
+Kept here rather than in ``serve_app/cli.py`` so the CLI stays a thin parser. Problems the
+user can fix (dataset, flags, settings, an unreachable service) raise ``EvalUsageError``,
+which the CLI prints and turns into exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+
+from evals.dataset import DEFAULT_DATASET, Dataset, DatasetError, load_datasets
+from evals.judge import JudgeConfig
+from evals.runner import EvalConfigError, EvalRun, exit_code
+from serve_app.config import Settings, SettingsError
+
+REPORTS_ROOT = Path("evals/reports")
+
+
+class EvalUsageError(RuntimeError):
+    """A usage, configuration or dataset problem: exit 2."""
+
+
+def _split(values: Sequence[str] | None) -> list[str]:
+    return [item.strip() for value in values or () for item in value.split(",") if item.strip()]
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    datasets: list[Path] = field(default_factory=lambda: [DEFAULT_DATASET])
+    base_url: str | None = None
+    concurrency: int = 4
+    model: str | None = None
+    models: list[str] = field(default_factory=list)
+    strict: bool = False
+    only: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    junit: Path | None = None
+    report: Path | None = None
+    out_dir: Path | None = None
+    retrieval: bool = False
+    k: int = 5
+    no_judge: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> EvalOptions:
+        return cls(
+            datasets=[Path(p) for p in args.datasets] or [DEFAULT_DATASET],
+            base_url=args.base_url,
+            concurrency=args.concurrency,
+            model=args.model,
+            models=_split([args.models] if args.models else []),
+            strict=args.strict,
+            only=_split(args.only),
+            tags=_split(args.tag),
+            junit=Path(args.junit) if args.junit else None,
+            report=Path(args.report) if args.report else None,
+            out_dir=Path(args.out_dir) if args.out_dir else None,
+            retrieval=args.retrieval,
+            k=args.k,
+            no_judge=args.no_judge,
+            quiet=args.quiet,
+        )
+
+    def check(self) -> None:
+        if self.concurrency < 1:
+            raise EvalUsageError("--concurrency must be at least 1")
+        if self.k < 1:
+            raise EvalUsageError("--k must be at least 1")
+        if self.model and self.models:
+            raise EvalUsageError("give --model or --models, not both")
+        if self.retrieval and (self.model or self.models):
+            raise EvalUsageError("--retrieval involves no model: drop --model/--models")
+        if len(set(self.models)) != len(self.models):
+            raise EvalUsageError("--models lists a model twice")
+
+    @property
+    def resolved_out_dir(self) -> Path:
+        return self.out_dir or REPORTS_ROOT / date.today().isoformat()
+
+
+def default_base_url(settings: Settings) -> str:
+    return f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+
+
+def model_slug(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_") or "model"
+
+
+def _judge_config(options: EvalOptions, dataset: Dataset, settings: Settings) -> JudgeConfig | None:
+    if options.no_judge or not any(case.row.judged for case in dataset.cases):
+        return None
+    try:
+        return JudgeConfig.from_settings(settings)
+    except SettingsError as exc:
+        raise EvalUsageError(str(exc)) from None
+
+
+def run_eval_command(options: EvalOptions, settings: Settings, out: TextIO) -> int:
+    """Run the subcommand; returns the exit code (0/1) or raises ``EvalUsageError``."""
+    options.check()
+    try:
+        dataset = load_datasets(options.datasets).select(options.only, options.tags)
+    except DatasetError as exc:
+        problems = "\n  ".join(exc.problems)
+        raise EvalUsageError(f"invalid dataset:\n  {problems}") from None
+    err = Console(file=sys.stderr, quiet=options.quiet)
+    console = Console(file=out, width=None if out.isatty() else 140)
+    try:
+        if options.retrieval:
+            return _retrieval(options, dataset, settings, console)
+        if options.models:
+            return _sweep(options, dataset, settings, console, err)
+        return _single(options, dataset, settings, console, err)
+    except EvalConfigError as exc:
+        raise EvalUsageError(str(exc)) from None
+
+
+def _write_run(run: EvalRun, directory: Path, options: EvalOptions, *, single: bool) -> list[Path]:
+    from evals.report import write_junit, write_markdown
+
+    junit = options.junit if single and options.junit else directory / "junit.xml"
+    report = options.report if single and options.report else directory / "report.md"
+    return [
+        write_junit(run, junit, strict=options.strict),
+        write_markdown(run, report, strict=options.strict),
+    ]
+
+
+def _single(
+    options: EvalOptions, dataset: Dataset, settings: Settings, console: Console, err: Console
+) -> int:
+    from evals.report import print_summary
+    from evals.runner import run_eval
+
+    config = _judge_config(options, dataset, settings)
+    base_url = options.base_url or default_base_url(settings)
+
+    async def go() -> EvalRun:
+        judge = config.build() if config is not None else None
+        try:
+            return await run_eval(
+                dataset,
+                base_url,
+                settings,
+                options.concurrency,
+                model=options.model,
+                judge=judge,
+                strict=options.strict,
+                progress=not options.quiet,
+                console=err,
+            )
+        finally:
+            if judge is not None:
+                await judge.aclose()
+
+    run = asyncio.run(go())
+    print_summary(run, console, strict=options.strict)
+    for path in _write_run(run, options.resolved_out_dir, options, single=True):
+        console.print(f"wrote {path}")
+    return exit_code(run, strict=options.strict)
+
+
+def _sweep(
+    options: EvalOptions, dataset: Dataset, settings: Settings, console: Console, err: Console
+) -> int:
+    import httpx
+
+    from evals.report import print_summary
+    from evals.runner import check_service, eval_secret
+    from evals.sweep import comparison_markdown, plot_pass_rate_vs_cost, run_sweep
+
+    eval_secret(settings)  # fail before starting Ray
+    config = _judge_config(options, dataset, settings)
+    base_url = (options.base_url or default_base_url(settings)).rstrip("/")
+
+    async def ready() -> None:
+        async with httpx.AsyncClient() as client:
+            await check_service(client, base_url)
+
+    asyncio.run(ready())
+    err.print(f"sweep: {len(options.models)} models as Ray tasks: {', '.join(options.models)}")
+    runs = run_sweep(
+        dataset,
+        base_url,
+        settings,
+        options.models,
+        concurrency=options.concurrency,
+        judge_config=config,
+        strict=options.strict,
+    )
+    out_dir = options.resolved_out_dir
+    for run, model in zip(runs, options.models, strict=True):
+        print_summary(run, console, strict=options.strict)
+        for path in _write_run(run, out_dir / model_slug(model), options, single=False):
+            console.print(f"wrote {path}")
+    table = comparison_markdown(runs)
+    sweep_md = options.report or out_dir / "sweep.md"
+    sweep_md.parent.mkdir(parents=True, exist_ok=True)
+    plot = plot_pass_rate_vs_cost(runs, sweep_md.with_suffix(".png"))
+    sweep_md.write_text(table + f"\n![pass rate vs cost]({plot.name})\n", encoding="utf-8")
+    console.print(table)
+    console.print(f"wrote {sweep_md}\nwrote {plot}")
+    return max(exit_code(run, strict=options.strict) for run in runs)
+
+
+def _retrieval(options: EvalOptions, dataset: Dataset, settings: Settings, console: Console) -> int:
+    from evals.retrieval_eval import RetrievalReport, retrieval_markdown, run_retrieval_eval
+    from serve_app.knowledge import build_retriever, open_store
+
+    if not any(case.row.cited_sources for case in dataset.cases):
+        raise EvalUsageError("no selected row has cited_sources: nothing to measure")
+
+    async def go() -> RetrievalReport:
+        store = await open_store(settings)
+        try:
+            retriever = build_retriever(settings, store)
+            return await run_retrieval_eval(dataset, retriever, k=options.k)
+        finally:
+            await store.close()
+
+    report = asyncio.run(go())
+    text = retrieval_markdown(report)
+    console.print(text, markup=False, highlight=False)
+    path = options.report or options.resolved_out_dir / "retrieval.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    console.print(f"wrote {path}")
+    return 0

@@ -1,0 +1,359 @@
+"""The golden dataset: YAML rows of questions, each paired with the behaviour we expect.
+
+``load_dataset`` validates a file against a strict schema (pydantic, unknown keys refused)
+and turns every problem into one line naming the file, the row and the field, e.g.
+``evals/datasets/golden.yaml: row 7 (id 'x'): xfail: a reason is required``. Rows are
+numbered from 1, as a person reading the file counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DEFAULT_DATASET = Path("evals/datasets/golden.yaml")
+ROW_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+
+Decision = Literal[
+    "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
+]
+NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+NonEmptyList = Annotated[list[NonEmpty], Field(min_length=1)]
+
+# The fields that are expectations (a row needs at least one), in report order.
+EXPECTATIONS = (
+    "tools_called",
+    "tool_args",
+    "cited_sources",
+    "keywords",
+    "forbidden",
+    "idk",
+    "decision",
+    "declined",
+    "rubric",
+)
+JUDGED = ("declined", "rubric")
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be used; ``str()`` holds one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class Identity(_Strict):
+    """Who asks: the claims of the eval token minted for the row."""
+
+    sub: NonEmpty = "eval"
+    roles: list[NonEmpty] = Field(default_factory=list)
+    domains: list[NonEmpty] = Field(default_factory=list)
+
+
+FALLBACK_IDENTITY = Identity(sub="eval", roles=[], domains=[])
+
+
+class ToolsCalled(_Strict):
+    all: NonEmptyList | None = None
+    any: NonEmptyList | None = None
+    none: bool | NonEmptyList | None = None
+
+    @field_validator("none")
+    @classmethod
+    def _none_flag(cls, value: bool | list[str] | None) -> bool | list[str] | None:
+        if value is False:
+            raise ValueError("use true (no tool call at all) or a list of tool names")
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> ToolsCalled:
+        if self.all is None and self.any is None and self.none is None:
+            raise ValueError("give at least one of all, any, none")
+        return self
+
+
+class Keywords(_Strict):
+    all: NonEmptyList | None = None
+    any: NonEmptyList | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> Keywords:
+        if self.all is None and self.any is None:
+            raise ValueError("give at least one of all, any")
+        return self
+
+
+class Row(_Strict):
+    """One golden row (see evals/README.md for what each expectation checks)."""
+
+    id: Annotated[str, StringConstraints(pattern=ROW_ID_PATTERN)]
+    question: NonEmpty
+    as_: Identity | None = Field(default=None, alias="as")
+    tools_called: ToolsCalled | None = None
+    tool_args: Annotated[dict[NonEmpty, dict[str, JsonValue]], Field(min_length=1)] | None = None
+    cited_sources: NonEmptyList | None = None
+    keywords: Keywords | None = None
+    forbidden: NonEmptyList | None = None
+    idk: bool | None = None
+    decision: Decision | None = None
+    declined: bool | None = None
+    rubric: NonEmpty | None = None
+    xfail: str | None = None
+    tags: list[NonEmpty] = Field(default_factory=list)
+
+    @field_validator("xfail", mode="before")
+    @classmethod
+    def _reason(cls, value: object) -> object:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError('a reason is required (xfail: "why this row is expected to fail")')
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _has_expectation(self) -> Row:
+        if all(getattr(self, name) is None for name in EXPECTATIONS):
+            raise ValueError(f"a row needs at least one expectation ({', '.join(EXPECTATIONS)})")
+        return self
+
+    @property
+    def judged(self) -> list[str]:
+        """The expectations only a judge model can grade."""
+        return [name for name in JUDGED if getattr(self, name) is not None]
+
+
+class Defaults(_Strict):
+    as_: Identity | None = Field(default=None, alias="as")
+
+
+class DatasetFile(_Strict):
+    version: Literal[1]
+    description: str | None = None
+    defaults: Defaults | None = None
+    rows: Annotated[list[Row], Field(min_length=1)]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row ready to run: its asking identity resolved, and where it came from."""
+
+    row: Row
+    user: Identity
+    file: Path
+    index: int  # 1-based position in its file
+
+    @property
+    def id(self) -> str:
+        return self.row.id
+
+
+@dataclass(frozen=True)
+class Dataset:
+    files: tuple[Path, ...]
+    description: str | None
+    cases: tuple[Case, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(path.stem for path in self.files)
+
+    def select(self, only: Iterable[str] = (), tags: Iterable[str] = ()) -> Dataset:
+        """Rows whose id is in ``only`` (when given) and that carry any of ``tags`` (when
+        given). An unknown id is an error: a typo must not silently run nothing."""
+        wanted, tagged = list(only), set(tags)
+        known = {case.id for case in self.cases}
+        unknown = [item for item in wanted if item not in known]
+        if unknown:
+            raise DatasetError([f"{self.name}: --only: no row with id {i!r}" for i in unknown])
+        cases = tuple(
+            case
+            for case in self.cases
+            if (not wanted or case.id in wanted) and (not tagged or tagged & set(case.row.tags))
+        )
+        if not cases:
+            raise DatasetError([f"{self.name}: no row matches the selection"])
+        return Dataset(self.files, self.description, cases)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses a key repeated in one mapping (YAML keeps the last)."""
+
+
+def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            line = key_node.start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {line})", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def _row_label(raw_rows: object, index: int) -> str:
+    label = f"row {index + 1}"
+    if isinstance(raw_rows, list) and index < len(raw_rows):
+        item = raw_rows[index]
+        if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+            label += f" (id {item['id']!r})"
+    return label
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = str(error.get("type", ""))
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    message = str(error.get("msg", "invalid value"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message
+
+
+def _field_path(raw: object, loc: Sequence[int | str], kind: str) -> str:
+    """The dotted field a pydantic location points at, walking the raw data so that
+    pydantic's own markers (union members such as ``bool``) are left out."""
+    parts: list[str] = []
+    node = raw
+    for position, part in enumerate(loc):
+        in_mapping = isinstance(node, Mapping) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_mapping or in_list:
+            node = node[part]  # type: ignore[index]
+        else:
+            if kind == "missing" and position == len(loc) - 1:
+                parts.append(str(part))
+            break
+        parts.append(str(part))
+    return ".".join(parts)
+
+
+def _format_errors(path: Path, raw: Mapping[str, Any], exc: ValidationError) -> list[str]:
+    grouped: dict[str, list[str]] = {}
+    raw_rows = raw.get("rows")
+    for error in exc.errors():
+        loc = list(error.get("loc", ()))
+        kind = str(error.get("type", ""))
+        where = [str(path)]
+        node: object = raw
+        if len(loc) >= 2 and loc[0] == "rows" and isinstance(loc[1], int):
+            where.append(_row_label(raw_rows, loc[1]))
+            node = raw_rows[loc[1]] if isinstance(raw_rows, list) else None
+            loc = loc[2:]
+        field = _field_path(node, loc, kind)
+        if field:
+            where.append(field)
+        messages = grouped.setdefault(": ".join(where), [])
+        message = _message(error)
+        if message not in messages:
+            messages.append(message)
+    return [f"{where}: {' or '.join(messages)}" for where, messages in grouped.items()]
+
+
+def _duplicate_ids(path: Path, raw_rows: object) -> list[str]:
+    problems: list[str] = []
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(raw_rows if isinstance(raw_rows, list) else [], start=1):
+        row_id = item.get("id") if isinstance(item, Mapping) else None
+        if not isinstance(row_id, str):
+            continue
+        if row_id in first_seen:
+            problems.append(
+                f"{path}: row {index} (id {row_id!r}): id: duplicate of row {first_seen[row_id]}"
+            )
+        first_seen.setdefault(row_id, index)
+    return problems
+
+
+def parse_dataset(path: Path, raw: object) -> Dataset:
+    """Validate already-parsed YAML (``raw``) as a dataset file called ``path``."""
+    if not isinstance(raw, Mapping):
+        raise DatasetError([f"{path}: expected a mapping with 'version' and 'rows'"])
+    duplicates = _duplicate_ids(path, raw.get("rows"))
+    try:
+        parsed = DatasetFile.model_validate(raw)
+    except ValidationError as exc:
+        raise DatasetError(_format_errors(path, raw, exc) + duplicates) from None
+    if duplicates:
+        raise DatasetError(duplicates)
+    default = parsed.defaults.as_ if parsed.defaults and parsed.defaults.as_ else None
+    cases = tuple(
+        Case(row=row, user=row.as_ or default or FALLBACK_IDENTITY, file=path, index=index)
+        for index, row in enumerate(parsed.rows, start=1)
+    )
+    return Dataset(files=(path,), description=parsed.description, cases=cases)
+
+
+def load_dataset(path: Path | str) -> Dataset:
+    """Read and validate one dataset file; raises ``DatasetError``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetError([f"{path}: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError([f"{path}: cannot read ({exc})"]) from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).replace(' in "<unicode string>"', "").split())
+        raise DatasetError([f"{path}: not valid YAML: {detail}"]) from None
+    return parse_dataset(path, raw)
+
+
+def load_datasets(paths: Sequence[Path | str]) -> Dataset:
+    """Several files as one run; a row id must be unique across all of them."""
+    problems: list[str] = []
+    loaded: list[Dataset] = []
+    for path in paths:
+        try:
+            loaded.append(load_dataset(path))
+        except DatasetError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise DatasetError(problems)
+    if not loaded:
+        raise DatasetError(["no dataset given"])
+    owner: dict[str, Case] = {}
+    for dataset in loaded:
+        for case in dataset.cases:
+            first = owner.setdefault(case.id, case)
+            if first is not case:
+                problems.append(
+                    f"{case.file}: row {case.index} (id {case.id!r}): id: already used by "
+                    f"{first.file} row {first.index}"
+                )
+    if problems:
+        raise DatasetError(problems)
+    descriptions = [d.description for d in loaded if d.description]
+    return Dataset(
+        files=tuple(f for d in loaded for f in d.files),
+        description=" / ".join(descriptions) or None,
+        cases=tuple(c for d in loaded for c in d.cases),
+    )

@@ -1,0 +1,312 @@
+"""What a run leaves behind: JUnit XML for CI, a Markdown report for people, and the summary
+table printed at the end of a run.
+
+JUnit mapping: FAIL is a ``failure``, ERROR an ``error``, XFAIL ``skipped`` (with the xfail
+reason), XPASS a passing case carrying an ``xpass`` property, or a ``failure`` under
+``--strict``. Judge-graded expectations not graded (``--no-judge``) are listed as a
+``not_graded`` property.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from evals.runner import EvalRun, RowResult, Status
+
+ANSWER_EXCERPT_CHARS = 500
+_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """XML 1.0 cannot carry control characters, whatever the escaping."""
+    return _XML_ILLEGAL.sub("\ufffd", text)
+
+
+def fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def fmt_usd(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"${value:.4f}" if value >= 0.01 or value == 0 else f"${value:.6f}"
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _row_failure_text(result: RowResult) -> str:
+    if result.error:
+        return result.error
+    return "\n".join(f"{a.name}: {a.evidence}" for a in result.failed_assertions)
+
+
+# --- JUnit ------------------------------------------------------------------------------------
+
+
+def junit_xml(run: EvalRun, *, strict: bool | None = None) -> str:
+    """The run as a JUnit XML document (one testsuite, one testcase per row)."""
+    strict = run.strict if strict is None else strict
+    counts = run.counts
+    failures = counts[Status.FAIL] + (counts[Status.XPASS] if strict else 0)
+    suites = ET.Element("testsuites", name="agent-service evals")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"evals.{run.dataset}" + (f"[{run.model}]" if run.model else ""),
+        tests=str(run.total),
+        failures=str(failures),
+        errors=str(counts[Status.ERROR]),
+        skipped=str(counts[Status.XFAIL]),
+        time=f"{run.duration_s:.3f}",
+        timestamp=run.started_at.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("base_url", run.base_url),
+        ("model", run.label),
+        ("judge_model", run.judge_model or "none"),
+        ("pass_rate", f"{run.pass_rate:.4f}"),
+    ):
+        ET.SubElement(props, "property", name=name, value=_xml_text(value))
+    for result in run.results:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"evals.{Path(result.file).stem}",
+            name=result.id,
+            time=f"{(result.latency_ms or 0) / 1000:.3f}",
+        )
+        properties = ET.SubElement(case, "properties")
+        ET.SubElement(properties, "property", name="status", value=result.status.value)
+        if result.skipped_assertions:
+            names = ", ".join(a.name for a in result.skipped_assertions)
+            ET.SubElement(properties, "property", name="not_graded", value=names)
+        text = _xml_text(_row_failure_text(result))
+        if result.status is Status.FAIL:
+            count = len(result.failed_assertions)
+            failure = ET.SubElement(
+                case,
+                "failure",
+                message=_xml_text(f"{count} expectation(s) failed"),
+                type="AssertionError",
+            )
+            failure.text = text
+        elif result.status is Status.ERROR:
+            error = ET.SubElement(
+                case, "error", message=_xml_text((result.error or "error")[:200]), type="Error"
+            )
+            error.text = text
+        elif result.status is Status.XFAIL:
+            skipped = ET.SubElement(
+                case, "skipped", message=_xml_text(f"xfail: {result.xfail or ''}")
+            )
+            skipped.text = text
+        elif result.status is Status.XPASS:
+            note = f"XPASS: stale xfail marker ({result.xfail}); remove it"
+            if strict:
+                failure = ET.SubElement(case, "failure", message=_xml_text(note), type="XPASS")
+                failure.text = note
+            else:
+                ET.SubElement(properties, "property", name="xpass", value=_xml_text(note))
+        out = ET.SubElement(case, "system-out")
+        out.text = _xml_text(
+            f"question: {result.question}\nanswer: {result.answer or '(none)'}\n"
+            f"decision: {result.decision}  model: {result.model}  trace: {result.trace_id}"
+        )
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(run: EvalRun, path: Path, *, strict: bool | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(junit_xml(run, strict=strict), encoding="utf-8")
+    return path
+
+
+# --- Markdown ---------------------------------------------------------------------------------
+
+
+def md_cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _excerpt(text: str | None, limit: int = ANSWER_EXCERPT_CHARS) -> str:
+    if not text:
+        return "(no answer)"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tokens(result: RowResult) -> str:
+    if result.answer is None:
+        return "-"
+    return f"{result.input_tokens:,}/{result.output_tokens:,}"
+
+
+def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
+    """The run for people: header and totals, one table row per dataset row, then every
+    failing and XPASS row's failed expectations with evidence and an answer excerpt."""
+    strict = run.strict if strict is None else strict
+    counts = run.counts
+    lines = [
+        f"# Eval report: {run.dataset} ({run.started_at:%Y-%m-%d})",
+        "",
+        f"- Date: {run.started_at:%Y-%m-%d %H:%M:%S} UTC ({run.duration_s:.1f} s)",
+        f"- Base URL: `{run.base_url}`",
+        f"- Answer model: {run.label}" + (" (per-request override)" if run.model else ""),
+        f"- Judge model: {run.judge_model or 'none (judge-graded expectations not graded)'}",
+        f"- Rows: {run.total}; pass rate {fmt_rate(run.pass_rate)} (PASS + XPASS over all rows)"
+        + ("; strict: XPASS fails the run" if strict else ""),
+        "",
+        "| PASS | FAIL | ERROR | XFAIL | XPASS | pass rate | p50 | p95 | tokens in/out | cost |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {counts[Status.PASS]} | {counts[Status.FAIL]} | {counts[Status.ERROR]} "
+        f"| {counts[Status.XFAIL]} | {counts[Status.XPASS]} | {fmt_rate(run.pass_rate)} "
+        f"| {fmt_ms(run.p50_ms)} | {fmt_ms(run.p95_ms)} "
+        f"| {run.input_tokens:,}/{run.output_tokens:,} | {fmt_usd(run.cost_usd)}"
+        + ("" if run.cost_complete else " (partial)")
+        + " |",
+        "",
+    ]
+    if run.judge is not None:
+        judge = run.judge
+        lines += [
+            f"Judge: {judge.calls} calls, {judge.input_tokens:,}/{judge.output_tokens:,} tokens, "
+            f"cost {fmt_usd(judge.cost_usd)}, {judge.failures} without a usable verdict.",
+            "",
+        ]
+    stale = [r for r in run.results if r.status is Status.XPASS]
+    if run.warnings or stale:
+        lines.append("## Warnings")
+        lines.append("")
+        lines += [f"- {md_cell(w)}" for w in run.warnings]
+        lines += [
+            f"- **XPASS** `{r.id}`: passes although marked xfail ({md_cell(r.xfail)}); "
+            "the marker is stale, remove it"
+            for r in stale
+        ]
+        lines.append("")
+    lines += [
+        "## Rows",
+        "",
+        "| id | status | latency | tokens in/out | cost | decision | tags |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in run.results:
+        status = f"**{r.status.value}**" if r.status in (Status.FAIL, Status.ERROR) else r.status
+        lines.append(
+            f"| `{r.id}` | {status} | {fmt_ms(r.latency_ms)} | {_tokens(r)} "
+            f"| {fmt_usd(r.cost_usd) if r.answer is not None else '-'} | {r.decision or '-'} "
+            f"| {md_cell(', '.join(r.tags))} |"
+        )
+    lines.append("")
+    flagged = [r for r in run.results if r.status in (Status.FAIL, Status.ERROR, Status.XPASS)]
+    if flagged:
+        lines += ["## Failures and XPASS", ""]
+        for r in flagged:
+            lines += _row_details(r)
+    expected = [r for r in run.results if r.status is Status.XFAIL]
+    if expected:
+        lines += ["## Expected failures (XFAIL)", ""]
+        for r in expected:
+            failed = ", ".join(a.name for a in r.failed_assertions) or "-"
+            lines.append(f"- `{r.id}`: {md_cell(r.xfail)} (failed: {failed})")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _row_details(r: RowResult) -> list[str]:
+    lines = [f"### `{r.id}`: {r.status.value}", "", f"Question: {md_cell(r.question)}", ""]
+    if r.xfail:
+        lines += [f"xfail reason: {md_cell(r.xfail)}", ""]
+    if r.error:
+        lines += [f"- **error**: {md_cell(r.error)}"]
+    for a in r.failed_assertions:
+        lines.append(f"- **{a.name}**: {md_cell(a.evidence)}")
+    if r.status is Status.XPASS:
+        lines.append("- every expectation held: remove the xfail marker")
+    for a in r.skipped_assertions:
+        lines.append(f"- {a.name}: {md_cell(a.evidence)}")
+    lines += [
+        "",
+        f"Answer ({r.decision or 'no decision'}, {r.model or 'unknown model'}"
+        + (f", trace {r.trace_id}" if r.trace_id else "")
+        + "):",
+        "",
+        f"> {md_cell(_excerpt(r.answer))}",
+        "",
+    ]
+    return lines
+
+
+def write_markdown(run: EvalRun, path: Path, *, strict: bool | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_report(run, strict=strict), encoding="utf-8")
+    return path
+
+
+# --- the terminal summary ---------------------------------------------------------------------
+
+_STYLES = {
+    Status.PASS: "green",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold red",
+    Status.XFAIL: "yellow",
+    Status.XPASS: "bold magenta",
+}
+
+
+def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None) -> None:
+    """Rows that need attention, totals, and a loud line per stale xfail marker."""
+    strict = run.strict if strict is None else strict
+    table = Table(title=f"eval {run.dataset}: {run.label}", show_lines=False)
+    for column, justify in (
+        ("id", "left"),
+        ("status", "left"),
+        ("latency", "right"),
+        ("tokens in/out", "right"),
+        ("cost", "right"),
+        ("failed expectations", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for r in run.results:
+        failed = r.error or ", ".join(a.name for a in r.failed_assertions)
+        style = _STYLES[r.status]
+        table.add_row(
+            r.id,
+            f"[{style}]{r.status.value}[/{style}]",
+            fmt_ms(r.latency_ms),
+            _tokens(r),
+            fmt_usd(r.cost_usd) if r.answer is not None else "-",
+            failed[:100],
+        )
+    console.print(table)
+    counts = run.counts
+    parts = [f"{counts[s]} {s.value}" for s in Status if counts[s]]
+    console.print(
+        f"{run.total} rows: {', '.join(parts)}; pass rate {fmt_rate(run.pass_rate)}; "
+        f"p50 {fmt_ms(run.p50_ms)}, p95 {fmt_ms(run.p95_ms)}; "
+        f"tokens {run.input_tokens:,}/{run.output_tokens:,}; cost {fmt_usd(run.cost_usd)}"
+    )
+    if run.judge is not None:
+        console.print(
+            f"judge {run.judge.model}: {run.judge.calls} calls, "
+            f"{run.judge.input_tokens:,}/{run.judge.output_tokens:,} tokens, "
+            f"cost {fmt_usd(run.judge.cost_usd)}"
+        )
+    for r in run.results:
+        if r.status is Status.XPASS:
+            effect = "fails the run (--strict)" if strict else "remove the marker"
+            console.print(
+                f"[bold magenta]XPASS {r.id}: marked xfail ({r.xfail}) but passes; "
+                f"the marker is stale: {effect}[/bold magenta]"
+            )
+    for warning in run.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")

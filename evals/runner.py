@@ -1,0 +1,402 @@
+"""Run a dataset against the running service over HTTP and score every row.
+
+Each row is one ``POST {base_url}/ask`` with an eval token minted for the row's ``as``
+(HS256, ``EVAL_JWT_SECRET``), at most ``concurrency`` at a time. Row status:
+
+* ``PASS``  every graded expectation held;  ``FAIL`` one did not;
+* ``XFAIL`` an ``xfail`` row failed as predicted (fine);
+* ``XPASS`` an ``xfail`` row passed: its marker is stale (fails the run only with --strict);
+* ``ERROR`` no answer to score (transport failure, timeout, an error envelope).
+
+Exit codes (``exit_code``): 0 every non-xfail row passed, 1 otherwise; usage, config and
+dataset problems raise ``EvalConfigError``/``DatasetError`` (the CLI's exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from evals.assertions import AssertionResult, score_row
+from evals.dataset import Case, Dataset, Identity
+from evals.judge import Judge, JudgeStats, same_family
+from serve_app.agent.answer import AgentAnswer
+from serve_app.auth import mint_eval_token
+from serve_app.config import Settings
+
+READY_TIMEOUT_SECONDS = 10.0
+TOKEN_TTL_SECONDS = 6 * 3600
+MAX_EVIDENCE_BODY = 300
+
+
+class EvalConfigError(RuntimeError):
+    """The run cannot start or cannot mean anything (no secret, service unreachable, token
+    refused). The CLI prints it and exits 2."""
+
+
+class Status(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    XFAIL = "XFAIL"
+    XPASS = "XPASS"
+    ERROR = "ERROR"
+
+
+@dataclass
+class RowResult:
+    id: str
+    file: str
+    question: str
+    status: Status
+    assertions: list[AssertionResult] = field(default_factory=list)
+    xfail: str | None = None
+    tags: list[str] = field(default_factory=list)
+    latency_ms: float | None = None
+    http_status: int | None = None
+    answer: str | None = None
+    decision: str | None = None
+    model: str | None = None
+    trace_id: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None  # the provider's figure when reported, else the estimate
+    error: str | None = None  # ERROR rows: what went wrong
+
+    @property
+    def failed_assertions(self) -> list[AssertionResult]:
+        return [a for a in self.assertions if a.failed]
+
+    @property
+    def skipped_assertions(self) -> list[AssertionResult]:
+        return [a for a in self.assertions if a.skipped]
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class EvalRun:
+    base_url: str
+    dataset: str
+    model: str | None  # the requested override (None: the service's ANSWER_MODEL)
+    judge_model: str | None
+    started_at: datetime
+    finished_at: datetime
+    results: list[RowResult]
+    judge: JudgeStats | None = None
+    warnings: list[str] = field(default_factory=list)
+    strict: bool = False
+
+    @property
+    def counts(self) -> dict[Status, int]:
+        counted = Counter(r.status for r in self.results)
+        return {status: counted.get(status, 0) for status in Status}
+
+    @property
+    def total(self) -> int:
+        return len(self.results)
+
+    @property
+    def pass_rate(self) -> float:
+        """Rows whose expectations all held (PASS and XPASS) over all rows."""
+        counts = self.counts
+        return (counts[Status.PASS] + counts[Status.XPASS]) / self.total if self.total else 0.0
+
+    @property
+    def answer_models(self) -> list[str]:
+        return sorted({r.model for r in self.results if r.model})
+
+    @property
+    def label(self) -> str:
+        """The model this run measured."""
+        return self.model or ", ".join(self.answer_models) or "(service default)"
+
+    @property
+    def latencies_ms(self) -> list[float]:
+        return [r.latency_ms for r in self.results if r.latency_ms is not None]
+
+    @property
+    def p50_ms(self) -> float | None:
+        return _percentile(self.latencies_ms, 50)
+
+    @property
+    def p95_ms(self) -> float | None:
+        return _percentile(self.latencies_ms, 95)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(r.input_tokens for r in self.results)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.results)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Answer cost of the whole run; None when no row reported one."""
+        costs = [r.cost_usd for r in self.results if r.cost_usd is not None]
+        return round(sum(costs), 10) if costs else None
+
+    @property
+    def cost_complete(self) -> bool:
+        """Every answered row had a cost (else ``cost_usd`` understates)."""
+        return all(r.cost_usd is not None for r in self.results if r.answer is not None)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+def exit_code(run: EvalRun, *, strict: bool = False) -> int:
+    """0 when every non-xfail row passed (XPASS fails only under ``strict``), else 1."""
+    counts = run.counts
+    if counts[Status.FAIL] or counts[Status.ERROR]:
+        return 1
+    if strict and counts[Status.XPASS]:
+        return 1
+    return 0
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+class _TokenRefused(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def eval_secret(settings: Settings) -> str:
+    """EVAL_JWT_SECRET, or ``EvalConfigError`` saying it is needed."""
+    secret = settings.eval_jwt_secret.get_secret_value().strip() if settings.eval_jwt_secret else ""
+    if not secret:
+        raise EvalConfigError(
+            "EVAL_JWT_SECRET is not set: the eval runner signs its own HS256 tokens with it "
+            "(set it to the running service's EVAL_JWT_SECRET)"
+        )
+    return secret
+
+
+async def check_service(client: httpx.AsyncClient, base_url: str) -> None:
+    """Fail fast (``EvalConfigError``) when nothing answers at ``base_url`` or it reports
+    not ready; a server without ``/readyz`` is given the benefit of the doubt."""
+    url = f"{base_url}/readyz"
+    try:
+        resp = await client.get(url, timeout=READY_TIMEOUT_SECONDS)
+    except httpx.HTTPError as exc:
+        raise EvalConfigError(
+            f"could not reach the service at {base_url} ({type(exc).__name__}); is it running? "
+            "(start it with `agent-service serve`, or pass --base-url)"
+        ) from None
+    if resp.status_code == 503:
+        failing = _failing_checks(resp)
+        raise EvalConfigError(f"the service at {base_url} is not ready: {failing}")
+
+
+def _failing_checks(resp: httpx.Response) -> str:
+    try:
+        checks = resp.json().get("checks", [])
+        bad = [f"{c.get('name')}: {c.get('detail') or 'failing'}" for c in checks if not c["ok"]]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        bad = []
+    return "; ".join(bad) or _clip(resp.text)
+
+
+def _clip(text: str, limit: int = MAX_EVIDENCE_BODY) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _row_cost(answer: AgentAnswer) -> float | None:
+    if answer.cost.provider_usd is not None:
+        return answer.cost.provider_usd
+    return answer.cost.estimated_usd
+
+
+def _status(case: Case, assertions: list[AssertionResult]) -> Status:
+    failed = any(a.failed for a in assertions)
+    if case.row.xfail is not None:
+        return Status.XFAIL if failed else Status.XPASS
+    return Status.FAIL if failed else Status.PASS
+
+
+@dataclass
+class _Runner:
+    base_url: str
+    client: httpx.AsyncClient
+    secret: str
+    model: str | None
+    judge: Judge | None
+    tokens: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = field(default_factory=dict)
+
+    def token(self, user: Identity) -> str:
+        key = (user.sub, tuple(user.roles), tuple(user.domains))
+        if key not in self.tokens:
+            self.tokens[key] = mint_eval_token(
+                self.secret, user.sub, user.roles, user.domains, ttl=TOKEN_TTL_SECONDS
+            )
+        return self.tokens[key]
+
+    async def run(self, case: Case) -> RowResult:
+        row = case.row
+        result = RowResult(
+            id=row.id,
+            file=str(case.file),
+            question=row.question,
+            status=Status.ERROR,
+            xfail=row.xfail,
+            tags=list(row.tags),
+        )
+        body: dict[str, Any] = {"question": row.question}
+        if self.model:
+            body["model"] = self.model
+        headers = {"authorization": f"Bearer {self.token(case.user)}"}
+        started = time.perf_counter()
+        try:
+            resp = await self.client.post(f"{self.base_url}/ask", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            result.latency_ms = (time.perf_counter() - started) * 1000
+            result.error = f"request failed: {type(exc).__name__}: {_clip(str(exc)) or 'no detail'}"
+            return result
+        result.latency_ms = (time.perf_counter() - started) * 1000
+        result.http_status = resp.status_code
+        if resp.status_code == 401:
+            raise _TokenRefused(_clip(resp.text))
+        try:
+            answer = AgentAnswer.model_validate(resp.json())
+        except (ValueError, ValidationError):
+            result.error = f"HTTP {resp.status_code}: {_clip(resp.text) or '(empty body)'}"
+            return result
+        result.answer = answer.answer
+        result.decision = answer.decision
+        result.model = answer.model
+        result.trace_id = answer.trace_id
+        result.input_tokens = answer.usage.input_tokens
+        result.output_tokens = answer.usage.output_tokens
+        result.cost_usd = _row_cost(answer)
+        verdicts = None
+        if self.judge is not None and row.judged:
+            verdicts = await self.judge.grade_row(row, answer.answer)
+        result.assertions = score_row(row, answer, verdicts, http_status=resp.status_code)
+        result.status = _status(case, result.assertions)
+        return result
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        "{task.fields[tally]}",
+        console=console,
+        transient=False,
+        disable=not enabled,
+    )
+
+
+async def run_eval(
+    dataset: Dataset,
+    base_url: str,
+    settings: Settings,
+    concurrency: int = 4,
+    model: str | None = None,
+    judge: Judge | None = None,
+    *,
+    strict: bool = False,
+    progress: bool = True,
+    console: Console | None = None,
+    timeout_seconds: float | None = None,
+    check_ready: bool = True,
+) -> EvalRun:
+    """Ask every row of ``dataset`` and score it (see the module docstring).
+
+    ``model`` is the per-request answer-model override (it needs MODEL_OVERRIDE_MIN_ROLE on
+    the server). ``judge`` grades ``declined``/``rubric``; without one those expectations are
+    reported as skipped. Raises ``EvalConfigError`` before or instead of a meaningless run."""
+    if concurrency < 1:
+        raise EvalConfigError("--concurrency must be at least 1")
+    secret = eval_secret(settings)
+    base_url = base_url.rstrip("/")
+    console = console or Console(file=sys.stderr)
+    warnings: list[str] = []
+    configured = model or settings.answer_model
+    early = same_family(judge.model, [configured]) if judge is not None else None
+    if early:
+        console.print(f"[yellow]warning:[/yellow] {early}")
+    timeout = httpx.Timeout(timeout_seconds or settings.ask_timeout_seconds + 15, connect=10.0)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    started_at = datetime.now(UTC)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        if check_ready:
+            await check_service(client, base_url)
+        runner = _Runner(base_url, client, secret, model, judge)
+        semaphore = asyncio.Semaphore(concurrency)
+        tally: Counter[Status] = Counter()
+        with _progress(console, progress) as bar:
+            task = bar.add_task(
+                f"eval {dataset.name}" + (f" [{model}]" if model else ""),
+                total=len(dataset.cases),
+                tally="",
+            )
+
+            async def one(case: Case) -> RowResult:
+                async with semaphore:
+                    result = await runner.run(case)
+                tally[result.status] += 1
+                text = " ".join(f"{s.value} {n}" for s, n in sorted(tally.items()) if n)
+                bar.update(task, advance=1, tally=text)
+                return result
+
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(case)) for case in dataset.cases]
+            except* _TokenRefused as refused:
+                message = refused.exceptions[0]
+                assert isinstance(message, _TokenRefused)
+                raise EvalConfigError(
+                    f"the service at {base_url} refused the eval token (HTTP 401: "
+                    f"{message.message}); is EVAL_JWT_SECRET the same as the server's?"
+                ) from None
+    results = [t.result() for t in tasks]
+    run = EvalRun(
+        base_url=base_url,
+        dataset=dataset.name,
+        model=model,
+        judge_model=judge.model if judge is not None else None,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        results=results,
+        judge=judge.stats if judge is not None else None,
+        warnings=warnings,
+        strict=strict,
+    )
+    if judge is not None:
+        # what actually answered: the service's replies and the judge's own replies
+        judges = {judge.model, *judge.stats.answered_by}
+        for judge_model in sorted(judges):
+            clash = same_family(judge_model, run.answer_models or [configured])
+            if clash and clash not in warnings:
+                warnings.append(clash)
+                if clash != early:
+                    console.print(f"[yellow]warning:[/yellow] {clash}")
+    return run

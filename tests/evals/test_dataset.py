@@ -1,0 +1,220 @@
+"""The dataset schema: what loads, and the exact message for each kind of mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evals.dataset import DEFAULT_DATASET, DatasetError, load_dataset, load_datasets
+from tests.evals.eval_helpers import write_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+version: 1
+description: "tiny"
+defaults:
+  as: {sub: eval-user, roles: [business_staff], domains: [acme]}
+rows:
+  - id: doc-alert-cooldown
+    question: "How long is the alert cooldown?"
+    tools_called: {all: [search_docs], none: [get_building]}
+    tool_args: {search_docs: {query: "cooldown"}}
+    cited_sources: [documentation/user/occupancy-alerts.md]
+    keywords: {all: ["10 minutes"], any: [cooldown, quiet]}
+    forbidden: [KESTREL-7]
+    idk: false
+    decision: answered
+    tags: [doc]
+  - id: off-topic.poem
+    question: "Write me a poem"
+    as: {sub: nina, roles: [admin], domains: []}
+    declined: true
+    rubric: "It declines politely."
+    xfail: "  the small model writes the poem  "
+  - id: no-as
+    question: "Hello"
+    tools_called: {none: true}
+"""
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    path = write_dataset(tmp_path, text)
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(path)
+    return [p.replace(str(path), "F") for p in caught.value.problems]
+
+
+def test_a_valid_file_loads_with_identities_resolved(tmp_path: Path) -> None:
+    dataset = load_dataset(write_dataset(tmp_path, GOOD))
+    assert [c.id for c in dataset.cases] == ["doc-alert-cooldown", "off-topic.poem", "no-as"]
+    first, poem, plain = dataset.cases
+    assert (first.user.sub, first.user.roles, first.user.domains) == (
+        "eval-user",
+        ["business_staff"],
+        ["acme"],
+    )
+    assert poem.user.sub == "nina" and poem.user.roles == ["admin"]
+    assert plain.user.sub == "eval-user"  # defaults.as
+    assert poem.row.xfail == "the small model writes the poem"
+    assert poem.row.judged == ["declined", "rubric"] and first.row.judged == []
+    assert first.index == 1 and first.file.name == "golden.yaml"
+    assert dataset.description == "tiny"
+
+
+def test_without_defaults_the_fallback_identity_is_used(tmp_path: Path) -> None:
+    dataset = load_dataset(
+        write_dataset(tmp_path, "version: 1\nrows:\n  - {id: a, question: q, idk: true}\n")
+    )
+    user = dataset.cases[0].user
+    assert (user.sub, user.roles, user.domains) == ("eval", [], [])
+
+
+def test_unknown_keys_are_named_with_file_row_and_field(tmp_path: Path) -> None:
+    text = """
+    version: 1
+    rows:
+      - id: a
+        question: q
+        idk: true
+        tool_calls: {all: [x]}
+      - id: b
+        question: q
+        keywords: {all: [x], some: [y]}
+    """
+    assert problems(tmp_path, text) == [
+        "F: row 1 (id 'a'): tool_calls: unknown key",
+        "F: row 2 (id 'b'): keywords.some: unknown key",
+    ]
+
+
+def test_unknown_top_level_and_defaults_keys(tmp_path: Path) -> None:
+    text = """
+    version: 1
+    owner: me
+    defaults: {as: {sub: x, team: y}}
+    rows: [{id: a, question: q, idk: true}]
+    """
+    assert sorted(problems(tmp_path, text)) == [
+        "F: defaults.as.team: unknown key",
+        "F: owner: unknown key",
+    ]
+
+
+@pytest.mark.parametrize("value", ["true", '""', "null", "'   '"])
+def test_xfail_needs_a_reason(tmp_path: Path, value: str) -> None:
+    text = f"""
+    version: 1
+    rows:
+      - {{id: ok, question: q, idk: true}}
+      - id: x
+        question: q
+        idk: true
+        xfail: {value}
+    """
+    assert problems(tmp_path, text) == [
+        "F: row 2 (id 'x'): xfail: a reason is required "
+        '(xfail: "why this row is expected to fail")'
+    ]
+
+
+def test_duplicate_ids(tmp_path: Path) -> None:
+    text = """
+    version: 1
+    rows:
+      - {id: a, question: q, idk: true}
+      - {id: b, question: q, idk: true}
+      - {id: a, question: q2, idk: false}
+    """
+    assert problems(tmp_path, text) == ["F: row 3 (id 'a'): id: duplicate of row 1"]
+
+
+def test_duplicate_ids_across_files(tmp_path: Path) -> None:
+    one = write_dataset(tmp_path, "version: 1\nrows: [{id: a, question: q, idk: true}]\n", "1.yaml")
+    two = write_dataset(tmp_path, "version: 1\nrows: [{id: a, question: q, idk: true}]\n", "2.yaml")
+    with pytest.raises(DatasetError) as caught:
+        load_datasets([one, two])
+    assert str(caught.value) == f"{two}: row 1 (id 'a'): id: already used by {one} row 1"
+
+
+@pytest.mark.parametrize(
+    ("tools_called", "message"),
+    [
+        ("{}", "tools_called: give at least one of all, any, none"),
+        ("{none: false}", "tools_called.none: use true (no tool call at all) or a list of tool"),
+        ("{all: []}", "tools_called.all: List should have at least 1 item"),
+        ("{all: search_docs}", "tools_called.all: Input should be a valid list"),
+        ("{sometimes: [x]}", "tools_called.sometimes: unknown key"),
+        ("{none: maybe}", "tools_called.none: Input should be a valid boolean"),
+    ],
+)
+def test_bad_tools_called(tmp_path: Path, tools_called: str, message: str) -> None:
+    text = f"""
+    version: 1
+    rows:
+      - id: t
+        question: q
+        tools_called: {tools_called}
+    """
+    found = problems(tmp_path, text)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"F: row 1 (id 't'): {message}")
+
+
+def test_a_row_without_expectations(tmp_path: Path) -> None:
+    text = """
+    version: 1
+    rows:
+      - {id: lonely, question: q, tags: [x], xfail: "no reason to run"}
+    """
+    (problem,) = problems(tmp_path, text)
+    assert problem.startswith("F: row 1 (id 'lonely'): a row needs at least one expectation")
+
+
+def test_missing_and_malformed_fields(tmp_path: Path) -> None:
+    text = """
+    version: 2
+    rows:
+      - {question: q, idk: true}
+      - {id: Bad_Id, question: "   ", decision: maybe}
+      - {id: c, question: q, idk: "yes"}
+    """
+    found = problems(tmp_path, text)
+    assert "F: version: Input should be 1" in found
+    assert "F: row 1: id: required" in found
+    assert any(p.startswith("F: row 2 (id 'Bad_Id'): id: String should match") for p in found)
+    assert "F: row 2 (id 'Bad_Id'): question: String should have at least 1 character" in found
+    assert any(p.startswith("F: row 2 (id 'Bad_Id'): decision: Input should be") for p in found)
+    assert "F: row 3 (id 'c'): idk: Input should be a valid boolean" in found
+
+
+def test_file_level_errors(tmp_path: Path) -> None:
+    assert problems(tmp_path, "version: 1\nrows: [\n")[0].startswith("F: not valid YAML:")
+    assert problems(tmp_path, "- a\n- b\n") == ["F: expected a mapping with 'version' and 'rows'"]
+    assert problems(tmp_path, "version: 1\nrows: []\n")[0].startswith(
+        "F: rows: List should have at least 1 item"
+    )
+    dup_key = "version: 1\nrows:\n  - {id: a, question: q, idk: true, idk: false}\n"
+    assert "duplicate key 'idk'" in problems(tmp_path, dup_key)[0]
+    with pytest.raises(DatasetError, match=r"nope\.yaml: no such file"):
+        load_dataset(tmp_path / "nope.yaml")
+
+
+def test_select_by_id_and_tag(tmp_path: Path) -> None:
+    dataset = load_dataset(write_dataset(tmp_path, GOOD))
+    assert [c.id for c in dataset.select(only=["no-as"]).cases] == ["no-as"]
+    assert [c.id for c in dataset.select(tags=["doc"]).cases] == ["doc-alert-cooldown"]
+    with pytest.raises(DatasetError, match="no row with id 'typo'"):
+        dataset.select(only=["typo"])
+    with pytest.raises(DatasetError, match="no row matches"):
+        dataset.select(only=["no-as"], tags=["doc"])
+
+
+def test_the_golden_dataset_if_present_is_valid() -> None:
+    path = ROOT / DEFAULT_DATASET
+    if not path.exists():
+        pytest.skip("the golden dataset is not written yet")
+    dataset = load_dataset(path)
+    assert len(dataset.cases) >= 40
+    assert all(case.row.xfail is None or case.row.xfail.strip() for case in dataset.cases)

@@ -1,0 +1,167 @@
+"""JUnit XML (valid, counted right) and the Markdown report's content."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from evals.assertions import AssertionResult
+from evals.judge import JudgeStats
+from evals.report import junit_xml, write_junit, write_markdown
+from evals.runner import EvalRun, RowResult, Status
+
+START = datetime(2025, 3, 4, 10, 30, tzinfo=UTC)
+
+
+def sample_run(strict: bool = False) -> EvalRun:
+    ok = AssertionResult("decision", True, "decision=answered; expected answered")
+    bad = AssertionResult("keywords.all", False, "answer lacks [10 minutes]")
+    skipped = AssertionResult("rubric", False, "not graded: judge disabled (--no-judge)", True)
+    rows = [
+        RowResult(
+            "doc-ok",
+            "evals/datasets/golden.yaml",
+            "Q1?",
+            Status.PASS,
+            [ok, skipped],
+            latency_ms=1200,
+            http_status=200,
+            answer="Fine.",
+            decision="answered",
+            model="local/scripted",
+            input_tokens=900,
+            output_tokens=40,
+            cost_usd=0.0002,
+        ),
+        RowResult(
+            "doc-bad",
+            "evals/datasets/golden.yaml",
+            "Q2 | pipes?",
+            Status.FAIL,
+            [ok, bad],
+            latency_ms=2400,
+            http_status=200,
+            answer="It is \x07fifteen | minutes " + "long " * 200,
+            decision="answered",
+            model="local/scripted",
+            input_tokens=800,
+            output_tokens=30,
+            cost_usd=0.0001,
+        ),
+        RowResult(
+            "gap",
+            "evals/datasets/golden.yaml",
+            "Q3?",
+            Status.XFAIL,
+            [bad],
+            xfail="known gap",
+            latency_ms=800,
+            answer="Nope.",
+            decision="answered",
+        ),
+        RowResult(
+            "fixed",
+            "evals/datasets/golden.yaml",
+            "Q4?",
+            Status.XPASS,
+            [ok],
+            xfail="was broken",
+            latency_ms=900,
+            answer="Yes.",
+            decision="answered",
+        ),
+        RowResult(
+            "boom",
+            "evals/datasets/golden.yaml",
+            "Q5?",
+            Status.ERROR,
+            error="HTTP 500: internal server error",
+            latency_ms=15,
+            http_status=500,
+        ),
+    ]
+    judge = JudgeStats(
+        "google/gemini-2.5-flash", calls=3, input_tokens=600, output_tokens=60, estimated_usd=0.0004
+    )
+    return EvalRun(
+        base_url="http://127.0.0.1:8000",
+        dataset="golden",
+        model=None,
+        judge_model="google/gemini-2.5-flash",
+        started_at=START,
+        finished_at=START + timedelta(seconds=12),
+        results=rows,
+        judge=judge,
+        warnings=["the judge model x is of the same family"],
+        strict=strict,
+    )
+
+
+def test_junit_is_valid_xml_with_the_right_counts(tmp_path: Path) -> None:
+    path = write_junit(sample_run(), tmp_path / "out" / "junit.xml")
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    assert (
+        suite.get("tests"),
+        suite.get("failures"),
+        suite.get("errors"),
+        suite.get("skipped"),
+    ) == (
+        "5",
+        "1",
+        "1",
+        "1",
+    )
+    cases = {case.get("name"): case for case in suite.findall("testcase")}
+    assert list(cases) == ["doc-ok", "doc-bad", "gap", "fixed", "boom"]
+    assert all(c.get("classname") == "evals.golden" for c in cases.values())
+    assert cases["doc-ok"].get("time") == "1.200"
+    failure = cases["doc-bad"].find("failure")
+    assert failure is not None and failure.text == "keywords.all: answer lacks [10 minutes]"
+    skipped = cases["gap"].find("skipped")
+    assert skipped is not None and skipped.get("message") == "xfail: known gap"
+    error = cases["boom"].find("error")
+    assert error is not None and error.get("message") == "HTTP 500: internal server error"
+    assert cases["fixed"].find("failure") is None
+    props = {p.get("name"): p.get("value") for p in cases["fixed"].iter("property")}
+    assert props["status"] == "XPASS" and "stale xfail marker" in (props["xpass"] or "")
+    not_graded = {p.get("name"): p.get("value") for p in cases["doc-ok"].iter("property")}
+    assert not_graded["not_graded"] == "rubric"
+    # the control character in the answer did not break the document
+    out = cases["doc-bad"].find("system-out")
+    assert out is not None and "\ufffdfifteen" in (out.text or "")
+
+
+def test_junit_under_strict_counts_xpass_as_a_failure() -> None:
+    root = ET.fromstring(junit_xml(sample_run(strict=True)).encode())
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("failures") == "2"
+    fixed = next(c for c in suite.iter("testcase") if c.get("name") == "fixed")
+    failure = fixed.find("failure")
+    assert failure is not None and failure.get("type") == "XPASS"
+
+
+def test_markdown_report(tmp_path: Path) -> None:
+    text = write_markdown(sample_run(), tmp_path / "report.md").read_text()
+    assert text.startswith("# Eval report: golden (2025-03-04)\n")
+    assert "- Date: 2025-03-04 10:30:00 UTC (12.0 s)" in text
+    assert "- Base URL: `http://127.0.0.1:8000`" in text
+    assert "- Judge model: google/gemini-2.5-flash" in text
+    assert "- Rows: 5; pass rate 40.0% (PASS + XPASS over all rows)" in text
+    assert "| 1 | 1 | 1 | 1 | 1 | 40.0% |" in text
+    assert "Judge: 3 calls, 600/60 tokens, cost $0.000400, 0 without a usable verdict." in text
+    assert "- **XPASS** `fixed`: passes although marked xfail (was broken)" in text
+    assert "| `doc-ok` | PASS | 1,200 ms | 900/40 | $0.000200 | answered |  |" in text
+    assert "| `doc-bad` | **FAIL** | 2,400 ms | 800/30 | $0.000100 | answered |  |" in text
+    assert "| `boom` | **ERROR** | 15 ms | - | - | - |  |" in text
+    details = text.split("## Failures and XPASS", 1)[1]
+    assert "### `doc-bad`: FAIL" in details
+    assert "Question: Q2 \\| pipes?" in details
+    assert "- **keywords.all**: answer lacks [10 minutes]" in details
+    assert "> It is \x07fifteen \\| minutes long" in details and "…" in details
+    assert "### `fixed`: XPASS" in details and "remove the xfail marker" in details
+    assert "### `boom`: ERROR" in details and "- **error**: HTTP 500" in details
+    assert "### `doc-ok`" not in details
+    assert "- `gap`: known gap (failed: keywords.all)" in text
