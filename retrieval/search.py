@@ -158,9 +158,15 @@ class HybridRetriever:
                 attr.GEN_AI_REQUEST_MODEL: self.embedder.name,
                 attr.GEN_AI_EMBEDDING_DIM: self.embedder.dim,
             },
+            record_exception=False,  # Observer.fail: the message only with payloads on
+            set_status_on_exception=False,
         ) as span:
             observer.payload(span, attr.LANGFUSE_INPUT, query)
-            vector = await self.embed_query(query)
+            try:
+                vector = await self.embed_query(query)
+            except Exception as exc:
+                observer.fail(span, "embedder_error", message=str(exc), exception=exc)
+                raise
 
         parent = otel_context.get_current()
         sides = [
@@ -212,8 +218,14 @@ class HybridRetriever:
                 attr.RETRIEVE_CANDIDATES: len(fused),
                 attr.GEN_AI_RETRIEVAL_TOP_K: k,
             },
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
-            hits = await self.rerank(query, fused, k)
+            try:
+                hits = await self.rerank(query, fused, k)
+            except Exception as exc:
+                observer.fail(span, "reranker_error", message=str(exc), exception=exc)
+                raise
             span.set_attribute(attr.GEN_AI_RETRIEVAL_COUNT, len(hits))
             if observer.payloads:
                 documents = [

@@ -19,11 +19,20 @@ from deployments.tool_proxy import ToolProxyDeployment
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Bind the five deployments. Serve options come from the deployments' defaults and, for
     real, from ``serve_config.yaml``. ``args["deployment_options"]`` (Serve ``.options()``
-    keywords) applies to all five: benchmarks use it to compare settings."""
+    keywords) applies to all five: benchmarks use it to compare settings. ``args["env"]``
+    (variable -> value) is added to every replica's environment, over the process's own, so
+    two applications with different settings can run side by side in one Ray cluster."""
     options: dict[str, Any] = dict((args or {}).get("deployment_options") or {})
+    env: dict[str, str] = {str(k): str(v) for k, v in ((args or {}).get("env") or {}).items()}
 
     def deployment(decorated: object) -> Deployment:
         d = _deployment(decorated)
+        if env:  # settings for this application's replicas only (e.g. two variants side by side)
+            actor = dict(options.get("ray_actor_options") or d.ray_actor_options or {})
+            runtime_env = dict(actor.get("runtime_env") or {})
+            runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env}
+            actor["runtime_env"] = runtime_env
+            return d.options(**{**options, "ray_actor_options": actor})
         return d.options(**options) if options else d
 
     reranker = deployment(RerankerDeployment).bind()

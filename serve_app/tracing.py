@@ -54,7 +54,7 @@ def carrier_from_headers(
     ctx = propagate.extract(incoming)
     if user_id:
         ctx = baggage.set_baggage(USER_ID, user_id, ctx)
-    if session_id and _SESSION_ID.match(session_id):
+    if session_id and _SESSION_ID.fullmatch(session_id):
         ctx = baggage.set_baggage(SESSION_ID, session_id, ctx)
     if not trace.get_current_span(ctx).get_span_context().is_valid:
         ctx = otel_context.set_value(ROOT_TRACE_KEY, _new_trace_id(), ctx)
@@ -83,7 +83,7 @@ def extract(carrier: Mapping[str, str] | None) -> otel_context.Context:
         return otel_context.get_current()
     ctx = propagate.extract(dict(carrier))
     root = carrier.get(ROOT_TRACE_KEY, "")
-    if not trace.get_current_span(ctx).get_span_context().is_valid and _HEX32.match(root):
+    if not trace.get_current_span(ctx).get_span_context().is_valid and _HEX32.fullmatch(root):
         ctx = otel_context.set_value(ROOT_TRACE_KEY, int(root, 16), ctx)
     return ctx
 

@@ -206,3 +206,26 @@ def spans(_span_memory: Any) -> Iterator[Any]:
     _span_memory.clear()
     yield _span_memory
     _span_memory.clear()
+
+
+# --- an OTLP/HTTP collector ---------------------------------------------------------------------
+
+LANGFUSE_OTLP_PATH = "/api/public/otel"
+
+
+@pytest.fixture
+def otlp_collector() -> Iterator[tuple[str, Any]]:
+    """``local_world``'s OTLP/HTTP collector on 127.0.0.1, mounted under Langfuse's base path
+    (so it answers ``POST /api/public/otel/v1/traces``): yields (the base URL, what
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set to, and the ``OtlpCollector``)."""
+    from fastapi import FastAPI
+
+    from local_world._service import FASTAPI_TELEMETRY_OFF
+    from local_world.otlp_collector import OtlpCollector, create_otlp_app
+    from local_world.servers import run_in_thread
+
+    collector = OtlpCollector()
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, telemetry=FASTAPI_TELEMETRY_OFF)
+    app.mount(LANGFUSE_OTLP_PATH, create_otlp_app(collector))
+    with run_in_thread(app) as url:
+        yield url + LANGFUSE_OTLP_PATH, collector

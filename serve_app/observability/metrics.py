@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Literal, Protocol
 
 from serve_app.agent.answer import AgentAnswer
@@ -62,6 +63,19 @@ class Measurement:
     tags: tuple[tuple[str, str], ...] = ()
 
 
+@cache
+def _known_tools() -> frozenset[str]:
+    from serve_app.agent.tools import build_default_registry
+
+    return frozenset(build_default_registry().names)
+
+
+def _tool_tag(name: str) -> str:
+    """The tool's name, or ``unknown`` for a name the model made up: model text is neither a
+    metric label (one new time series per invention) nor a span name (``tool.unknown``)."""
+    return name if name in _known_tools() else "unknown"
+
+
 def answer_measurements(answer: AgentAnswer) -> list[Measurement]:
     """What one finished /ask adds to the metrics."""
     model = answer.model or "unknown"
@@ -72,7 +86,9 @@ def answer_measurements(answer: AgentAnswer) -> list[Measurement]:
     for call in answer.tool_calls:
         out.append(
             Measurement(
-                TOOL_CALLS, 1, (("tool", call.name), ("outcome", "ok" if call.ok else "error"))
+                TOOL_CALLS,
+                1,
+                (("tool", _tool_tag(call.name)), ("outcome", "ok" if call.ok else "error")),
             )
         )
     if answer.usage.input_tokens:

@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -197,7 +198,10 @@ class TraceContextFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, trace/span ids, exception."""
+    """One JSON object per line: time (UTC), level, logger, message, trace/span ids, exception."""
+
+    # The timestamp ends in "Z": UTC, whatever the host's time zone (the default is local time).
+    converter = staticmethod(time.gmtime)
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {

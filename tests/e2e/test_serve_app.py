@@ -32,6 +32,7 @@ def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
     return {"x-gateway-claims": base64.b64encode(json.dumps(payload).encode()).decode()}
 
 
+EVAL_SECRET = "e2e-eval-secret-0123456789abcdef"
 STAFF = claims("u-staff", ("northwind", "business_staff"))
 ADMIN = claims("u-admin", ("crowdvision-ops", "admin"))
 
@@ -78,6 +79,7 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
             "OTEL_EXPORTER_OTLP_HEADERS": "x-langfuse-ingestion-version=4",
             "OTEL_BSP_SCHEDULE_DELAY": "200",  # export within 0.2 s (default 5 s)
+            "EVAL_JWT_SECRET": EVAL_SECRET,
         }
         port = free_port()
         with scoped_environ(env), ray_cluster() as address:
@@ -334,3 +336,136 @@ def test_a_run_past_the_deadline_is_a_504_envelope(stack: Stack) -> None:
     resp = httpx.post(f"{stack.url}/ask", json={"question": question}, headers=STAFF, timeout=60)
     assert resp.status_code == 504
     assert resp.json()["error"]["code"] == "timeout"
+
+
+EVAL_ROWS = """
+version: 1
+defaults:
+  as: {sub: eval-staff, roles: [business_staff], domains: [northwind]}
+rows:
+  - id: doc-cooldown
+    question: "How often do alerts repeat? (eval)"
+    tools_called: {all: [search_docs]}
+    tool_args: {search_docs: {query: "ALERT cooldown"}}
+    cited_sources: [SOURCE]
+    keywords: {any: [cooldown]}
+    decision: answered
+  - id: live-harbor
+    question: "What is Harbor Warehouse? (eval)"
+    tools_called: {all: [get_building]}
+    tool_args: {get_building: {building_id: bld-northwind-harbor}}
+    keywords: {all: [harbor warehouse]}
+  - id: offtopic-poem
+    question: "Write me a poem about cats (eval)"
+    tools_called: {none: true}
+    decision: declined_out_of_scope
+    declined: true
+  - id: idk-dark-mode
+    question: "Is there a dark mode? (eval)"
+    idk: true
+    xfail: "the scripted model guesses instead of saying it does not know"
+  - id: fixed-gap
+    question: "Which city is Harbor Warehouse in? (eval)"
+    tools_called: {any: [get_building]}
+    xfail: "was a gap; the marker is stale now"
+"""
+
+
+def test_eval_runner_scores_the_running_app_with_a_scripted_judge(
+    stack: Stack, sample_docs_url: str, tmp_path: Path
+) -> None:
+    from xml.etree import ElementTree
+
+    from serve_app.cli import main
+
+    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    source = _source_of(sample_docs_url, chunk_id)
+    dataset = tmp_path / "subset.yaml"
+    dataset.write_text(EVAL_ROWS.replace("SOURCE", source))
+    loop = {"mode": "loop"}
+    stack.llm.script(
+        {"tool_calls": [{"name": "search_docs", "arguments": {"query": "alert cooldown"}}]},
+        {"text": f"Alerts repeat at most once per cooldown [^{chunk_id}]."},
+        key="How often do alerts repeat? (eval)",
+        **loop,
+    )
+    building = {"name": "get_building", "arguments": {"building_id": "bld-northwind-harbor"}}
+    stack.llm.script(
+        {"tool_calls": [building]},
+        {"text": "Harbor Warehouse is Northwind's warehouse."},
+        key="What is Harbor Warehouse? (eval)",
+        **loop,
+    )
+    stack.llm.script(
+        {"text": "I can only help with CrowdVision: buildings, rooms, occupancy and sensors."},
+        key="Write me a poem about cats (eval)",
+        **loop,
+    )
+    stack.llm.script(
+        {"text": "Yes, there is a dark mode."}, key="Is there a dark mode? (eval)", **loop
+    )
+    stack.llm.script(
+        {"tool_calls": [building]},
+        {"text": "It is in the harbour district."},
+        key="Which city is Harbor Warehouse in? (eval)",
+        **loop,
+    )
+    judge = ScriptedLLM()
+    judge.script(
+        {"text": json.dumps({"pass": True, "score": 1.0, "reason": "It declined."})},
+        mode="loop",
+    )
+    with run_in_thread(create_llm_app(judge)) as judge_url:
+        env = {
+            "EVAL_JWT_SECRET": EVAL_SECRET,
+            "JUDGE_BASE_URL": f"{judge_url}/v1",
+            "JUDGE_MODEL": "other-family/judge",
+            "LLM_API_KEY": "test-key",
+            "ANSWER_MODEL": "local/scripted",
+        }
+        base = ["eval", str(dataset), "--base-url", stack.url, "--quiet"]
+        with scoped_environ(env):
+            code = main([*base, "--out-dir", str(tmp_path / "lenient")])
+            strict = main([*base, "--out-dir", str(tmp_path / "strict"), "--strict"])
+    assert (code, strict) == (0, 1)  # the stale XPASS marker fails only under --strict
+
+    report = (tmp_path / "lenient" / "report.md").read_text()
+    statuses = {
+        case.get("name"): (
+            "fail"
+            if case.find("failure") is not None
+            else "skip"
+            if case.find("skipped") is not None
+            else "pass"
+        )
+        for case in ElementTree.parse(tmp_path / "lenient" / "junit.xml").iter("testcase")
+    }
+    assert statuses == {
+        "doc-cooldown": "pass",
+        "live-harbor": "pass",
+        "offtopic-poem": "pass",
+        "idk-dark-mode": "skip",  # XFAIL
+        "fixed-gap": "pass",  # XPASS (noted, not failed, without --strict)
+    }, statuses
+    assert "XFAIL" in report and "XPASS" in report
+    assert len(judge.chat_requests()) == 2  # offtopic-poem, once per run
+
+
+def _source_of(sample_docs_url: str, chunk_id: str) -> str:
+    import asyncio
+
+    import asyncpg
+
+    async def find() -> str:
+        conn = await asyncpg.connect(sample_docs_url)
+        try:
+            value: str = await conn.fetchval(
+                "SELECT d.source FROM chunks c JOIN documents d ON d.id = c.document_id "
+                "WHERE c.id = $1",
+                chunk_id,
+            )
+            return value
+        finally:
+            await conn.close()
+
+    return asyncio.run(find())

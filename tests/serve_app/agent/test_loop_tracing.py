@@ -1,26 +1,33 @@
 """The span tree of one /ask run, as an exporter sees it: the real loop, the real tool
 registry (twin simulator over HTTP), the real ``HybridRetriever`` (over a small in-memory
 store, so the test needs no database), the scripted model server over HTTP, and an in-memory
-span exporter. Checked with payloads off (no request text anywhere) and on."""
+span exporter. Checked with payloads off (no request text anywhere) and on, and once more as
+``local_world``'s OTLP/HTTP collector on 127.0.0.1 decodes it from the wire."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from agent_helpers import NORTHWIND_STAFF, Call, Calls, Say, script_steps
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import StatusCode
 
+from local_world.otlp_collector import CollectedSpan, OtlpCollector
 from local_world.scripted_llm import ScriptedLLM
 from retrieval.embedders import Vectors
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig
 from retrieval.store import Candidate
 from serve_app.agent.loop import Agent
+from serve_app.config import Settings
+from serve_app.observability.setup import build_exporter
 
 QUESTION = "What is the zebra-cooldown of Harbor Warehouse alerts?"
 SEARCH_QUERY = "zebra-cooldown alerts"
@@ -100,6 +107,24 @@ def tree(spans: Sequence[ReadableSpan]) -> tuple[Any, ...]:
         return (span.name, tuple(node(c) for c in children))
 
     roots = by_parent.get(None, [])
+    assert len(roots) == 1, [s.name for s in roots]
+    return node(roots[0])
+
+
+def collected_tree(spans: Sequence[CollectedSpan]) -> tuple[Any, ...]:
+    """``tree`` of the spans an OTLP collector decoded."""
+    ids = {s.span_id for s in spans}
+    by_parent: dict[str, list[CollectedSpan]] = {}
+    for span in spans:
+        by_parent.setdefault(span.parent_span_id if span.parent_span_id in ids else "", []).append(
+            span
+        )
+
+    def node(span: CollectedSpan) -> tuple[Any, ...]:
+        children = sorted(by_parent.get(span.span_id, []), key=lambda s: s.name)
+        return (span.name, tuple(node(c) for c in children))
+
+    roots = by_parent.get("", [])
     assert len(roots) == 1, [s.name for s in roots]
     return node(roots[0])
 
@@ -334,3 +359,133 @@ async def test_a_caller_trace_is_continued_and_streaming_has_the_same_tree(
         attributes = span.attributes or {}
         # the authenticated caller wins over whatever an upstream hop put in baggage
         assert (attributes["user.id"], attributes["session.id"]) == (NORTHWIND_STAFF.sub, "s-42")
+
+
+# --- the same run over real OTLP/HTTP ----------------------------------------------------------
+
+OTLP_HEADERS = "Authorization=Basic%20cGstbGYtMTpzay1sZi0x,x-langfuse-ingestion-version=4"
+
+
+class _Tap(SpanProcessor):
+    """Forwards finished spans to ``target`` while one is set: the session's global provider
+    (the ``spans`` fixture's) has no way to remove a processor once added."""
+
+    def __init__(self) -> None:
+        self.target: SpanProcessor | None = None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        target = self.target
+        if target is not None:
+            target.on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        target = self.target
+        return target.force_flush(timeout_millis) if target is not None else True
+
+
+@pytest.fixture(scope="module")
+def _tap(_span_memory: Any) -> _Tap:
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    tap = _Tap()
+    provider.add_span_processor(tap)
+    return tap
+
+
+@pytest.fixture
+def otlp_export(
+    _tap: _Tap, otlp_collector: tuple[str, OtlpCollector]
+) -> Iterator[BatchSpanProcessor]:
+    """For one test, the global provider also exports through the batch processor and OTLP
+    exporter the settings build (as with OTEL_EXPORTER_OTLP_ENDPOINT/_HEADERS set)."""
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        otel_exporter_otlp_endpoint=otlp_collector[0],
+        otel_exporter_otlp_headers=OTLP_HEADERS,  # type: ignore[arg-type]
+    )
+    batch = BatchSpanProcessor(build_exporter(settings))
+    _tap.target = batch
+    try:
+        yield batch
+    finally:
+        _tap.target = None
+        batch.shutdown()
+
+
+async def test_a_real_run_arrives_at_an_otlp_collector(
+    agent_for: Callable[[bool], Agent],
+    llm: ScriptedLLM,
+    spans: Any,
+    otlp_export: BatchSpanProcessor,
+    otlp_collector: tuple[str, OtlpCollector],
+) -> None:
+    _run_script(llm)
+    answer = await agent_for(False).answer(QUESTION, NORTHWIND_STAFF)
+    assert await asyncio.to_thread(otlp_export.force_flush, 10_000)
+
+    collector = otlp_collector[1]
+    received = collector.snapshot()
+    assert collected_tree(received) == EXPECTED_TREE
+    # exactly the spans the in-memory exporter saw, in one trace: the id /ask returns
+    assert sorted(s.span_id for s in received) == sorted(
+        format(s.context.span_id, "016x") for s in spans.get_finished_spans()
+    )
+    assert {s.trace_id for s in received} == {answer.trace_id}
+    assert {s.name: s.attributes["langfuse.observation.type"] for s in received} == {
+        "agent.answer": "agent",
+        "agent.hop.1": "chain",
+        "agent.hop.2": "chain",
+        "gen_ai.chat local/scripted": "generation",
+        "tool.get_building": "tool",
+        "tool.search_docs": "tool",
+        "retrieve.embed": "embedding",
+        "retrieve.vector": "retriever",
+        "retrieve.keyword": "retriever",
+        "retrieve.rerank": "retriever",
+    }
+    for span in received:
+        assert span.resource["service.name"] == "agent-service"
+        assert (span.attributes["user.id"], span.attributes["session.id"]) == (
+            NORTHWIND_STAFF.sub,
+            answer.trace_id,
+        )
+        assert span.status_code != 2  # not STATUS_CODE_ERROR
+
+    by_name = {s.name: s for s in received}
+    root = by_name["agent.answer"]
+    assert root.parent_span_id == ""  # a true root, not the child of an invented span
+    assert root.attributes == {
+        **root.attributes,
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "crowdvision-assistant",
+        "langfuse.trace.name": "agent.answer",
+        "agent.decision": "answered",
+        "agent.hops": 2,
+        "gen_ai.usage.input_tokens": answer.usage.input_tokens,
+        "gen_ai.usage.output_tokens": answer.usage.output_tokens,
+    }
+    generations = sorted(
+        (s for s in received if s.name.startswith("gen_ai.chat")), key=lambda s: s.start_ns
+    )
+    for generation, hop in zip(generations, answer.usage.hops, strict=True):
+        assert generation.attributes["gen_ai.operation.name"] == "chat"
+        assert generation.attributes["gen_ai.provider.name"] == "local"
+        assert generation.attributes["gen_ai.request.model"] == "local/scripted"
+        assert generation.attributes["gen_ai.usage.input_tokens"] == hop.input_tokens
+        assert generation.attributes["gen_ai.usage.output_tokens"] == hop.output_tokens
+        assert json.loads(generation.attributes["langfuse.observation.cost_details"]) == {
+            "total": 0.0
+        }
+    search = by_name["tool.search_docs"].attributes
+    assert (search["gen_ai.tool.name"], search["tool.ok"]) == ("search_docs", True)
+    assert by_name["retrieve.vector"].attributes["gen_ai.retrieval.documents.count"] == 2
+
+    # at <OTEL_EXPORTER_OTLP_ENDPOINT>/v1/traces (the only path the collector answers), with
+    # the configured headers
+    assert collector.requests
+    for headers in collector.requests:
+        assert headers["authorization"] == "Basic cGstbGYtMTpzay1sZi0x"
+        assert headers["x-langfuse-ingestion-version"] == "4"
+    arrived = repr(received).lower()
+    for secret in ("zebra", "quokka", BUILDING, "15 minutes", "harbor"):
+        assert secret.lower() not in arrived, secret  # payloads off
