@@ -24,12 +24,12 @@ import asyncio
 import base64
 import json
 import os
-import statistics
 import time
 from typing import Any
 
 import httpx
 
+from bench.loadgen import run_load
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
@@ -59,47 +59,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 async def load(url: str, concurrency: int, total: int) -> dict[str, float]:
-    latencies: list[float] = []
-    errors = 0
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(total):
-        queue.put_nowait(i)
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal errors
-        while True:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            start = time.perf_counter()
-            try:
-                resp = await client.post(
-                    f"{url}/ask", json={"question": f"bench question {i}"}, headers=STAFF
-                )
-                if resp.status_code != 200:
-                    errors += 1
-            except httpx.HTTPError:
-                errors += 1
-            latencies.append(time.perf_counter() - start)
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, round(q * (len(latencies) - 1)))] * 1000
-
-    return {
-        "req_s": total / elapsed,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p95_ms": pct(0.95),
-        "p99_ms": pct(0.99),
-        "errors": errors,
-    }
+    """``total`` questions to ``url``/ask at ``concurrency`` (bench.loadgen), as a dict."""
+    r = await run_load(
+        f"{url}/ask",
+        lambda i: {"question": f"bench question {i}"},
+        STAFF,
+        concurrency=concurrency,
+        requests=total,
+    )
+    return {"req_s": r.req_s, "p50_ms": r.p50, "p95_ms": r.p95, "p99_ms": r.p99, "errors": r.errors}
 
 
 def main() -> None:
