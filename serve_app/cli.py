@@ -321,7 +321,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
-    from serve_app.runner import RunnerError, serve
+    from serve_app.runner import RunnerError, local_llm_settings, serve
 
     asyncio.run(_db_up(settings))
     try:
@@ -337,7 +337,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     print(f"API        {state.api_url}  (docs: {state.api_url}/docs)", file=out)
     print(f"dashboard  {state.dashboard_url}  (token: ~/.ray/auth_token)", file=out)
     if state.local_llm:
-        print(f"local LLM  http://{settings.serve_host}:{settings.serve_port}/llm/v1", file=out)
+        models = ", ".join(local_llm_settings(settings).served_models)
+        url = f"http://{settings.serve_host}:{settings.serve_port}/llm/v1"
+        print(f"local LLM  {url}  (models: {models})", file=out)
     print("stop with: agent-service stop", file=out)
     return EXIT_OK
 

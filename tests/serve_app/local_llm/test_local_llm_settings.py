@@ -87,3 +87,84 @@ def test_resolved_paths_and_dict_round_trip(
     data = resolved.to_dict()
     assert data["home"] == str(tmp_path / "home")
     assert LocalLLMSettings.from_env({}, **data) == resolved
+
+
+# --- several models: LOCAL_LLM_MODELS ----------------------------------------------------------
+
+BIG = "qwen2.5-coder-1.5b-instruct"
+SMALL = "qwen2.5-coder-0.5b-instruct"
+
+
+def test_one_model_by_default() -> None:
+    settings = LocalLLMSettings.from_env({})
+    assert settings.models == ()
+    assert settings.served_models == (BIG,)
+    assert LocalLLMSettings.from_env({"LOCAL_LLM_MODEL_NAME": "mine"}).served_models == ("mine",)
+
+
+def test_models_are_listed_in_order_and_normalised() -> None:
+    env = {"LOCAL_LLM_MODELS": f" {BIG} , LOCAL/Qwen2.5-Coder-0.5B-Instruct,"}
+    settings = LocalLLMSettings.from_env(env)
+    assert settings.models == (BIG, SMALL)
+    assert settings.served_models == (BIG, SMALL)
+    assert LocalLLMSettings.from_env({"LOCAL_LLM_MODELS": SMALL}).served_models == (SMALL,)
+    assert LocalLLMSettings.from_env({}, models=[SMALL, BIG]).served_models == (SMALL, BIG)
+    assert LocalLLMSettings.from_env({}, models=f"{SMALL},{BIG}").models == (SMALL, BIG)
+    assert LocalLLMSettings.from_env({"LOCAL_LLM_MODELS": " , "}).models == ()  # unset
+
+
+def test_model_name_may_repeat_a_listed_model() -> None:
+    env = {"LOCAL_LLM_MODELS": f"{SMALL},{BIG}", "LOCAL_LLM_MODEL_NAME": f"local/{SMALL}"}
+    assert LocalLLMSettings.from_env(env).served_models == (SMALL, BIG)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"LOCAL_LLM_MODELS": f"{BIG},gpt-4o-mini"},
+            rf"LOCAL_LLM_MODELS: unknown model 'gpt-4o-mini'; the packaged models are {BIG}, "
+            rf"{SMALL} \(a GGUF file of your own: LOCAL_LLM_MODEL_PATH",
+        ),
+        (
+            {"LOCAL_LLM_MODELS": f"{SMALL},local/{SMALL.upper()}"},
+            f"LOCAL_LLM_MODELS: '{SMALL}' is listed twice",
+        ),
+        (
+            {"LOCAL_LLM_MODELS": SMALL, "LOCAL_LLM_MODEL_PATH": "/m.gguf"},
+            "LOCAL_LLM_MODELS: cannot be combined with LOCAL_LLM_MODEL_PATH",
+        ),
+        (
+            {"LOCAL_LLM_MODELS": SMALL, "LOCAL_LLM_MODEL_NAME": "mine"},
+            r"LOCAL_LLM_MODEL_NAME: 'mine' is not one of LOCAL_LLM_MODELS \(qwen2.5-coder-0.5b",
+        ),
+    ],
+)
+def test_bad_model_lists_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(LocalLLMConfigError, match=message):
+        LocalLLMSettings.from_env(env)
+
+
+def test_a_non_list_is_refused() -> None:
+    with pytest.raises(LocalLLMConfigError, match="LOCAL_LLM_MODELS: must be a comma-separated"):
+        LocalLLMSettings(models=(BIG, 5))  # type: ignore[arg-type]
+
+
+def test_for_model_gives_a_single_model_deployment_its_settings(tmp_path: Path) -> None:
+    settings = LocalLLMSettings.from_env(
+        {"LOCAL_LLM_MODELS": f"{BIG},{SMALL}", "LOCAL_LLM_THREADS": "2"}, home=tmp_path
+    )
+    small = settings.for_model(SMALL)
+    assert (small.model_name, small.models, small.served_models) == (SMALL, (), (SMALL,))
+    assert (small.threads, small.home) == (2, tmp_path)
+    with pytest.raises(LocalLLMConfigError, match="'mine' is not served"):
+        settings.for_model("mine")
+    custom = LocalLLMSettings(model_path=tmp_path / "m.gguf", model_name="mine")
+    assert custom.for_model("mine") == custom
+
+
+def test_models_round_trip_through_a_dict() -> None:
+    settings = LocalLLMSettings.from_env({"LOCAL_LLM_MODELS": f"{SMALL},{BIG}"})
+    data = settings.to_dict()
+    assert data["models"] == [SMALL, BIG]
+    assert LocalLLMSettings.from_env({}, **data) == settings

@@ -1,0 +1,104 @@
+"""``agent-service serve``'s deployment plan (no Ray): the environment every replica gets, and
+how the local LLM's models become the agent's answer model and override allowlist."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from serve_app.config import Settings
+from serve_app.runner import (
+    LOCAL_LLM_APP,
+    RunnerError,
+    deploy_config,
+    local_model_allowlist,
+    service_env,
+)
+
+BIG = "qwen2.5-coder-1.5b-instruct"
+SMALL = "qwen2.5-coder-0.5b-instruct"
+MakeSettings = Callable[..., Settings]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in (
+        "LOCAL_LLM_MODELS",
+        "LOCAL_LLM_MODEL_NAME",
+        "LOCAL_LLM_MODEL_PATH",
+        "ALLOWED_MODELS",
+        "ANSWER_MODEL",
+    ):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def test_the_local_llm_answers_with_its_model_and_allows_only_it(
+    settings_factory: MakeSettings,
+) -> None:
+    env = service_env(settings_factory(), local_llm=True)
+    assert env["LLM_BASE_URL"] == "http://127.0.0.1:8000/llm/v1"
+    assert env["TOOL_CALLING_MODE"] == "json_schema"
+    assert env["ANSWER_MODEL"] == BIG
+    assert env["ALLOWED_MODELS"] == f"{BIG},local/{BIG}"
+
+
+def test_two_local_models_are_both_allowed(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"{BIG},{SMALL}")
+    env = service_env(settings_factory(), local_llm=True)
+    assert env["ANSWER_MODEL"] == BIG
+    assert env["ALLOWED_MODELS"].split(",") == [BIG, SMALL, f"local/{BIG}", f"local/{SMALL}"]
+    assert env["LOCAL_LLM_MODELS"] == f"{BIG},{SMALL}"  # the LLM app reads the same list
+    assert local_model_allowlist((SMALL,)) == [SMALL, f"local/{SMALL}"]
+
+
+def test_the_first_listed_model_is_the_answer_model(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"local/{SMALL}, {BIG}")
+    assert service_env(settings_factory(), local_llm=True)["ANSWER_MODEL"] == SMALL
+
+
+def test_an_allowlist_the_user_set_is_kept(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"{BIG},{SMALL}")
+    monkeypatch.setenv("ALLOWED_MODELS", f"local/{SMALL}")
+    env = service_env(settings_factory(allowed_models=[f"local/{SMALL}"]), local_llm=True)
+    assert env["ALLOWED_MODELS"] == f"local/{SMALL}"
+
+
+def test_a_provider_leaves_the_models_alone(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"{BIG},{SMALL}")
+    env = service_env(settings_factory(), local_llm=False)
+    assert "ANSWER_MODEL" not in env and "ALLOWED_MODELS" not in env
+
+
+def test_a_bad_model_list_is_a_runner_error_naming_the_variable(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", "qwen2.5-coder-7b-instruct")
+    with pytest.raises(
+        RunnerError,
+        match=r"LOCAL_LLM_MODELS: unknown model 'qwen2\.5-coder-7b-instruct'; the packaged",
+    ):
+        service_env(settings_factory(), local_llm=True)
+
+
+def test_the_deployed_config_adds_the_llm_app_with_the_models(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOCAL_LLM_MODELS", f"{BIG},{SMALL}")
+    config = deploy_config(settings_factory(), local_llm=True)
+    apps: dict[str, Any] = {app["name"]: app for app in config["applications"]}
+    llm = apps[LOCAL_LLM_APP["name"]]
+    assert llm["import_path"] == "deployments.local_llm:build_local_llm_app"
+    assert llm["runtime_env"]["env_vars"]["LOCAL_LLM_MODELS"] == f"{BIG},{SMALL}"
+    agent_env = apps["agent"]["runtime_env"]["env_vars"]
+    assert agent_env["ANSWER_MODEL"] == BIG
+    assert SMALL in agent_env["ALLOWED_MODELS"].split(",")
