@@ -52,6 +52,7 @@ class EvalOptions:
     k: int = 5
     no_judge: bool = False
     quiet: bool = False
+    rescore: Path | None = None
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> EvalOptions:
@@ -71,6 +72,7 @@ class EvalOptions:
             k=args.k,
             no_judge=args.no_judge,
             quiet=args.quiet,
+            rescore=Path(args.rescore) if getattr(args, "rescore", None) else None,
         )
 
     def check(self) -> None:
@@ -84,6 +86,10 @@ class EvalOptions:
             raise EvalUsageError("--retrieval involves no model: drop --model/--models")
         if len(set(self.models)) != len(self.models):
             raise EvalUsageError("--models lists a model twice")
+        if self.rescore is not None and (self.models or self.model or self.retrieval):
+            raise EvalUsageError("--rescore reads saved answers: drop --model/--models/--retrieval")
+        if self.rescore is not None and not self.rescore.is_file():
+            raise EvalUsageError(f"--rescore: no such file {self.rescore}")
 
     @property
     def resolved_out_dir(self) -> Path:
@@ -120,6 +126,8 @@ def run_eval_command(options: EvalOptions, settings: Settings, out: TextIO) -> i
     try:
         if options.retrieval:
             return _retrieval(options, dataset, settings, console)
+        if options.rescore:
+            return _rescore(options, dataset, console)
         if options.models:
             return _sweep(options, dataset, settings, console, err)
         return _single(options, dataset, settings, console, err)
@@ -129,13 +137,30 @@ def run_eval_command(options: EvalOptions, settings: Settings, out: TextIO) -> i
 
 def _write_run(run: EvalRun, directory: Path, options: EvalOptions, *, single: bool) -> list[Path]:
     from evals.report import write_junit, write_markdown
+    from evals.runner import write_responses
 
     junit = options.junit if single and options.junit else directory / "junit.xml"
     report = options.report if single and options.report else directory / "report.md"
     return [
         write_junit(run, junit, strict=options.strict),
         write_markdown(run, report, strict=options.strict),
+        write_responses(run, directory / "responses.jsonl"),
     ]
+
+
+def _rescore(options: EvalOptions, dataset: Dataset, console: Console) -> int:
+    """Score saved responses (``--rescore responses.jsonl``) against the dataset as it is now:
+    no service, no judge calls (saved verdicts are reused)."""
+    from evals.report import print_summary
+    from evals.runner import read_responses, rescore
+
+    assert options.rescore is not None
+    run = rescore(dataset, read_responses(options.rescore))
+    print_summary(run, console, strict=options.strict)
+    directory = options.out_dir or options.rescore.parent
+    for path in _write_run(run, directory, options, single=True):
+        console.print(f"wrote {path}")
+    return exit_code(run, strict=options.strict)
 
 
 def _single(

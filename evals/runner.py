@@ -15,14 +15,17 @@ dataset problems raise ``EvalConfigError``/``DatasetError`` (the CLI's exit 2).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from evals.assertions import AssertionResult, score_row
 from evals.dataset import Case, Dataset, Identity
-from evals.judge import Judge, JudgeStats, same_family
+from evals.judge import Judge, JudgeOutcome, JudgeStats, Verdict, same_family
 from serve_app.agent.answer import AgentAnswer
 from serve_app.auth import mint_eval_token
 from serve_app.config import Settings
@@ -74,6 +77,8 @@ class RowResult:
     output_tokens: int = 0
     cost_usd: float | None = None  # the provider's figure when reported, else the estimate
     error: str | None = None  # ERROR rows: what went wrong
+    response: dict[str, Any] | None = None  # the /ask body as received (responses.jsonl)
+    verdicts: dict[str, dict[str, Any]] | None = None  # judge verdicts by assertion name
 
     @property
     def failed_assertions(self) -> list[AssertionResult]:
@@ -286,6 +291,7 @@ class _Runner:
         except (ValueError, ValidationError):
             result.error = f"HTTP {resp.status_code}: {_clip(resp.text) or '(empty body)'}"
             return result
+        result.response = resp.json()
         result.answer = answer.answer
         result.decision = answer.decision
         result.model = answer.model
@@ -296,9 +302,152 @@ class _Runner:
         verdicts = None
         if self.judge is not None and row.judged:
             verdicts = await self.judge.grade_row(row, answer.answer)
+        if verdicts is not None:
+            result.verdicts = {name: outcome_dict(o) for name, o in verdicts.items()}
         result.assertions = score_row(row, answer, verdicts, http_status=resp.status_code)
         result.status = _status(case, result.assertions)
         return result
+
+
+def outcome_dict(outcome: JudgeOutcome) -> dict[str, Any]:
+    verdict = outcome.verdict
+    return {
+        "pass": verdict.passed if verdict else None,
+        "score": verdict.score if verdict else None,
+        "reason": verdict.reason if verdict else None,
+        "error": outcome.error,
+    }
+
+
+def outcome_from_dict(data: Mapping[str, Any]) -> JudgeOutcome:
+    if data.get("pass") is None:
+        return JudgeOutcome(verdict=None, error=str(data.get("error") or "no verdict"))
+    return JudgeOutcome(
+        verdict=Verdict.model_validate(
+            {"pass": data["pass"], "score": data["score"], "reason": data["reason"]}
+        )
+    )
+
+
+def rescore(dataset: Dataset, saved: EvalRun) -> EvalRun:
+    """Score a previous run's saved responses against ``dataset`` (e.g. after adding xfail
+    markers or fixing an expectation) without asking the service again. Rows missing from
+    the saved run are ERRORs; judge verdicts are reused as they were given."""
+    by_id = {r.id: r for r in saved.results}
+    results: list[RowResult] = []
+    for case in dataset.cases:
+        row = case.row
+        old = by_id.get(row.id)
+        result = RowResult(
+            id=row.id,
+            file=str(case.file),
+            question=row.question,
+            status=Status.ERROR,
+            xfail=row.xfail,
+            tags=list(row.tags),
+        )
+        if old is None or old.response is None:
+            result.error = old.error if old is not None else "not in the saved run"
+            result.latency_ms = old.latency_ms if old is not None else None
+            results.append(result)
+            continue
+        answer = AgentAnswer.model_validate(old.response)
+        verdicts = (
+            {name: outcome_from_dict(v) for name, v in old.verdicts.items()}
+            if old.verdicts
+            else None
+        )
+        for key in (
+            "latency_ms",
+            "http_status",
+            "response",
+            "verdicts",
+            "answer",
+            "decision",
+            "model",
+            "trace_id",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+        ):
+            setattr(result, key, getattr(old, key))
+        result.assertions = score_row(row, answer, verdicts, http_status=old.http_status or 200)
+        result.status = _status(case, result.assertions)
+        results.append(result)
+    return dataclasses.replace(saved, results=results)
+
+
+def write_responses(run: EvalRun, path: Path) -> Path:
+    """The run as JSON lines: a header, then one line per row with the raw /ask body."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {
+        "base_url": run.base_url,
+        "dataset": run.dataset,
+        "model": run.model,
+        "judge_model": run.judge_model,
+        "started_at": run.started_at.isoformat(),
+        "finished_at": run.finished_at.isoformat(),
+    }
+    lines = [json.dumps({"run": header})]
+    for r in run.results:
+        lines.append(
+            json.dumps(
+                {
+                    "id": r.id,
+                    "latency_ms": r.latency_ms,
+                    "http_status": r.http_status,
+                    "error": r.error,
+                    "response": r.response,
+                    "verdicts": r.verdicts,
+                },
+                ensure_ascii=False,
+            )
+        )
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def read_responses(path: Path) -> EvalRun:
+    """A run saved by ``write_responses`` (rows carry responses, not statuses)."""
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if not lines or "run" not in lines[0]:
+        raise EvalConfigError(f"{path}: not a responses.jsonl written by agent-service eval")
+    head = lines[0]["run"]
+    results = []
+    for item in lines[1:]:
+        response = item.get("response")
+        result = RowResult(
+            id=item["id"],
+            file="",
+            question="",
+            status=Status.ERROR,
+            latency_ms=item.get("latency_ms"),
+            http_status=item.get("http_status"),
+            error=item.get("error"),
+            response=response,
+            verdicts=item.get("verdicts"),
+        )
+        if response is not None:
+            answer = AgentAnswer.model_validate(response)
+            result.answer, result.decision, result.model = (
+                answer.answer,
+                answer.decision,
+                answer.model,
+            )
+            result.trace_id = answer.trace_id
+            result.input_tokens = answer.usage.input_tokens
+            result.output_tokens = answer.usage.output_tokens
+            result.cost_usd = _row_cost(answer)
+        results.append(result)
+    return EvalRun(
+        base_url=head["base_url"],
+        dataset=head["dataset"],
+        model=head["model"],
+        judge_model=head["judge_model"],
+        started_at=datetime.fromisoformat(head["started_at"]),
+        finished_at=datetime.fromisoformat(head["finished_at"]),
+        results=results,
+    )
 
 
 def _progress(console: Console, enabled: bool) -> Progress:

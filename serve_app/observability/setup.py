@@ -193,6 +193,7 @@ class TraceContextFilter(logging.Filter):
 
         span_context = trace.get_current_span().get_span_context()
         record.trace_id = current_trace_id() or ""
+        record.trace_tag = f" [trace={record.trace_id}]" if record.trace_id else ""
         record.span_id = format(span_context.span_id, "016x") if span_context.is_valid else ""
         return True
 
@@ -219,7 +220,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s]: %(message)s"
+CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s%(trace_tag)s: %(message)s"
 
 
 def log_handler(settings: Settings, stream: Any = None) -> logging.Handler:
@@ -246,5 +247,12 @@ def configure_logging(settings: Settings, *, level: int | None = None) -> None:
                 handler.addFilter(TraceContextFilter())
         else:
             root.addHandler(log_handler(settings))
-        for noisy in ("httpx", "httpcore", "urllib3", "filelock", "sentence_transformers"):
+        for noisy in (
+            "httpx",
+            "httpcore",
+            "urllib3",
+            "filelock",
+            "sentence_transformers",
+            "alembic.runtime.plugins",
+        ):
             logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -287,7 +287,7 @@ def test_console_lines_show_the_trace_id() -> None:
     inside, outside = stream.getvalue().splitlines()
     trace_id = format(span.get_span_context().trace_id, "032x")
     assert inside.endswith(f" WARNING {logger.name} [trace={trace_id}]: hello")
-    assert outside.endswith(f" WARNING {logger.name} [trace=]: no request")
+    assert outside.endswith(f" WARNING {logger.name}: no request")  # no empty trace tag
 
 
 def test_the_filter_and_formatter_work_on_any_handler() -> None:
