@@ -192,8 +192,9 @@ class TraceContextFilter(logging.Filter):
         from serve_app.tracing import current_trace_id
 
         span_context = trace.get_current_span().get_span_context()
-        record.trace_id = current_trace_id() or ""
-        record.trace_tag = f" [trace={record.trace_id}]" if record.trace_id else ""
+        trace_id = current_trace_id() or ""
+        record.trace_id = trace_id
+        record.trace_tag = f" [trace={trace_id}]" if trace_id else ""
         record.span_id = format(span_context.span_id, "016x") if span_context.is_valid else ""
         return True
 
