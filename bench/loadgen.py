@@ -76,8 +76,11 @@ async def run_load(
     seconds: float | None = None,
     warmup: int = 0,
     request_timeout: float = 120.0,
+    on_result: Callable[[float, bool], None] | None = None,
 ) -> LoadResult:
-    """POST ``body(i)`` (JSON) to ``url`` under the limits above."""
+    """POST ``body(i)`` (JSON) to ``url`` under the limits above. ``on_result(latency_ms,
+    ok)``, when given, is called as each counted (not warm-up) request completes: for a time
+    series of the load (``bench.autoscaling``)."""
     check_loopback(url)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=request_timeout, limits=limits) as client:
@@ -114,6 +117,8 @@ async def run_load(
                 ms, ok = await one(i)
                 latencies.append(ms)
                 errors += 0 if ok else 1
+                if on_result is not None:
+                    on_result(ms, ok)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started

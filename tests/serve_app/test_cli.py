@@ -165,3 +165,49 @@ def test_ray_data_job_and_local_executor_agree(db_url: str, tmp_path: Path) -> N
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["unchanged"] == len(PAGES)
+
+
+def test_bench_lists_the_benchmarks_with_their_summaries() -> None:
+    code, out = run_cli(["bench", "--list"])
+    assert code == EXIT_OK
+    for name in ("search", "ingest", "serve_overhead", "reranker", "local_llm", "autoscaling"):
+        assert f"  {name} " in out
+    assert "loadgen" not in out  # a library of the benchmarks, not one
+    assert "Hybrid search latency" in out  # bench/search.py's first docstring line
+    assert run_cli(["bench"]) == (EXIT_OK, out)
+
+
+def test_unknown_benchmark_is_a_usage_error_listing_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "nope"], out=io.StringIO()) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'nope'" in err and "serve_overhead" in err
+
+
+def test_bench_runs_the_module_from_the_root_passing_args_through(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import serve_app.cli as cli
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("")
+    (tmp_path / "bench" / "fake.py").write_text(
+        '"""A fake benchmark.\n\nMore text."""\n'
+        "import json, os, sys\n"
+        "def main() -> None:\n"
+        "    with open('seen.json', 'w') as fh:\n"
+        "        json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd()}, fh)\n"
+        "    sys.exit(3)\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    monkeypatch.setattr(cli, "bench_root", lambda: tmp_path)
+    code, out = run_cli(["bench", "--list"])
+    assert code == EXIT_OK and "fake  A fake benchmark." in out
+
+    assert main(["bench", "fake", "--rounds", "2", "--help", "x"], out=io.StringIO()) == 3
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["argv"] == ["--rounds", "2", "--help", "x"]
+    assert Path(seen["cwd"]).resolve() == tmp_path.resolve()
+    assert cli.bench_command("fake", ["-x"]) == [sys.executable, "-m", "bench.fake", "-x"]
