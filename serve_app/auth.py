@@ -7,7 +7,9 @@ In order:
    re-verified): base64 JSON, standard or url-safe, padded or not, claims-gateway shape
    ``{"sub", "memberships": [{"domain", "role"}]}`` (flattened) or the flat
    ``{"sub", "roles", "domains"}``. When the header is present it decides alone: an invalid
-   header is a 401 even if a token is also sent.
+   header is a 401 even if a token is also sent. A repeated ``x-gateway-claims`` or
+   ``Authorization`` header is a 401 (never "pick the first": a mesh that appends its
+   header instead of replacing the client's would otherwise let the client's copy win).
 2. Otherwise the eval token: an HS256 JWT signed with ``EVAL_JWT_SECRET``, from
    ``Authorization: Bearer <token>`` or, when that header is absent, the
    ``authentication_token`` cookie. Only HS256 is accepted (``none``, ``HS512``, ``RS256``...
@@ -69,6 +71,8 @@ def authenticate(
 
     ``headers`` may be Starlette's case-insensitive ``Headers`` or a plain dict in any case.
     Raises ``AuthenticationError``."""
+    for name in (CLAIMS_HEADER, "authorization"):
+        _refuse_repeated(headers, name)
     claims = _header(headers, CLAIMS_HEADER)
     if claims is not None:
         try:
@@ -217,6 +221,14 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
         if key.lower() == name:
             return item
     return None
+
+
+def _refuse_repeated(headers: Mapping[str, str], name: str) -> None:
+    """Two copies of a credential header are ambiguous, and the tell-tale of a mesh that
+    appends its claims header instead of replacing the client's: refuse, never pick one."""
+    getlist = getattr(headers, "getlist", None)  # Starlette's Headers keep repeated fields
+    if getlist is not None and len(getlist(name)) > 1:
+        raise AuthenticationError(f"more than one {name} header")
 
 
 def _token(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | None:

@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeGuard
 
 from retrieval.acl import caller_entries
 from serve_app.config import ROLE_WEIGHTS
@@ -36,6 +37,18 @@ class IdentityError(ValueError):
 
 def _dedupe(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    """A string that is valid Unicode. JSON may smuggle in lone surrogates (``"\\ud800"``),
+    which no UTF-8 encoder accepts: Cedar (and every downstream) would fail on them later."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class AuthUser:
         if not isinstance(payload, Mapping):
             raise IdentityError("claims must be a JSON object")
         sub = payload.get("sub")
-        if not isinstance(sub, str) or not sub.strip():
+        if not _is_text(sub) or not sub.strip():
             raise IdentityError("claims lack a non-empty 'sub'")
         if "memberships" in payload:
             memberships = payload["memberships"]
@@ -73,6 +86,8 @@ class AuthUser:
                 domain, role = entry.get("domain"), entry.get("role")
                 if not isinstance(domain, str) or not isinstance(role, str):
                     raise IdentityError("each membership needs 'domain' and 'role' strings")
+                if not _is_text(domain) or not _is_text(role):
+                    raise IdentityError("membership 'domain' and 'role' must be valid Unicode")
                 domains.append(domain)
                 roles.append(role)
             return cls(sub.strip(), _dedupe(roles), _dedupe(domains), claims_header)
@@ -99,6 +114,8 @@ class AuthUser:
             payload = json.loads(base64.b64decode(text, validate=True).decode("utf-8"))
         except (binascii.Error, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError too
             raise IdentityError("claims header is not base64 of UTF-8 JSON") from exc
+        except RecursionError:  # "[[[[..." nested past the parser's depth limit
+            raise IdentityError("claims header JSON is nested too deeply") from None
         return cls.from_claims(payload, claims_header=header)
 
     @classmethod
@@ -143,4 +160,6 @@ def _string_list(payload: Mapping[str, object], key: str) -> tuple[str, ...]:
     value = payload.get(key, [])
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise IdentityError(f"'{key}' must be a list of strings")
+    if not all(_is_text(item) for item in value):
+        raise IdentityError(f"'{key}' must hold valid Unicode strings")
     return _dedupe(value)

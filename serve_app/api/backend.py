@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.agent.answer import AgentAnswer, AgentEvent
 from serve_app.identity import AuthUser
@@ -27,7 +27,10 @@ class AskParams:
 
 class IngestRequest(BaseModel):
     """``POST /ingest`` body. Roots are the server's configured DOC_ROOTS: a caller cannot
-    point the job at arbitrary server paths."""
+    point the job at arbitrary server paths. Strict: ``"prune": 0`` or ``"yes"`` is a 422,
+    not a boolean (the schema says boolean; a guessed meaning would be a silent prune)."""
+
+    model_config = ConfigDict(strict=True)
 
     prune: bool = Field(default=False, description="delete documents whose source is gone")
 

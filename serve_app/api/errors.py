@@ -50,6 +50,9 @@ STATUS_CODES: dict[int, str] = {
 }
 INTERNAL_ERROR_MESSAGE = "internal server error"
 MAX_PATH_CHARS = 200
+# FastAPI's 400 for a JSON body ``json.loads`` fails on with anything but a JSONDecodeError:
+# bytes that are not UTF-8/16/32 text, or nesting past the parser's depth (RecursionError).
+FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
 
 
 # --- OpenAPI shapes --------------------------------------------------------------------------
@@ -171,6 +174,8 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code in (204, 304) or exc.status_code < 200:
         return Response(status_code=exc.status_code, headers=exc.headers)
+    if exc.status_code == 400 and exc.detail == FASTAPI_BODY_PARSE_ERROR:
+        return _unparseable_body()
     code = getattr(exc, "code", None) or STATUS_CODES.get(exc.status_code, "error")
     return error_response(
         exc.status_code, _http_message(request, exc), code=code, headers=exc.headers
@@ -221,6 +226,22 @@ def field_errors(errors: Sequence[Any]) -> list[FieldError]:
             )
         )
     return out
+
+
+def _unparseable_body() -> Response:
+    """A body that is not JSON text at all is a 422 ``json_invalid``, like any other body
+    that is not valid JSON (FastAPI's own answer is an undocumented 400)."""
+    field = FieldError(
+        field="body",
+        message="the body is not valid JSON (not UTF-8 text, or nested too deeply)",
+        type="json_invalid",
+    )
+    return error_response(
+        422,
+        f"invalid request: {field.field}: {field.message}",
+        code="validation_error",
+        fields=[field.model_dump()],
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:

@@ -39,6 +39,14 @@ class AuthzConfigError(RuntimeError):
     """The Cedar schema or a policy file is missing, does not parse, or does not validate."""
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _uid(entity_type: str, entity_id: str) -> dict[str, str]:
     return {"type": entity_type, "id": entity_id}
 
@@ -137,8 +145,11 @@ class CedarAuthorizer:
         return domain in self.accessible_domains(user, [domain])
 
     def accessible_domains(self, user: AuthUser, candidates: Iterable[str]) -> frozenset[str]:
-        """The subset of ``candidates`` the caller may see, decided in one batch."""
-        domains = list(dict.fromkeys(candidates))
+        """The subset of ``candidates`` the caller may see, decided in one batch. Candidates
+        come from downstream answers (untrusted): one that is not valid Unicode (a lone
+        surrogate from a JSON escape) names no real domain and is denied without asking Cedar,
+        whose entity parser would otherwise fail the whole batch."""
+        domains = [d for d in dict.fromkeys(candidates) if _is_unicode(d)]
         requests = [self._request(user, ACCESS_DOMAIN, _uid("Domain", d)) for d in domains]
         allowed = self._decide(user, requests)
         return frozenset(d for d, ok in zip(domains, allowed, strict=True) if ok)

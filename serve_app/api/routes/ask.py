@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
@@ -57,6 +57,22 @@ SSE_PING_SECONDS = 15
 CLEANUP_TIMEOUT_SECONDS = 5.0
 
 
+# "Holds a character that is not whitespace": the schema's way of saying what stripping the
+# value and then asking for one character does (``minLength`` alone let "   " look valid).
+# The class is Unicode's White_Space set, exactly what the validator strips.
+NOT_BLANK = (
+    "[^\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+)
+
+
+def _integral(value: object) -> object:
+    """``5.0`` is the JSON integer 5 (JSON Schema says so; some clients serialise it that
+    way); strict validation would refuse the float. ``5.5``, strings and booleans still fail."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class AskRequest(BaseModel):
     """``POST /ask`` body. Unknown fields are refused (a typo is a 422, not ignored)."""
 
@@ -73,16 +89,26 @@ class AskRequest(BaseModel):
 
     question: Annotated[
         str,
-        StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUESTION_CHARS),
+        StringConstraints(
+            strip_whitespace=True,
+            min_length=1,
+            max_length=MAX_QUESTION_CHARS,
+            pattern=NOT_BLANK,
+        ),
     ] = Field(description="The question, 1 to 4000 characters.")
     stream: bool = Field(
         default=False, description="true: answer as Server-Sent Events (tool/token/.../done)"
     )
-    top_k: Annotated[int, Field(ge=1, le=50)] | None = Field(
+    top_k: Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None = Field(
         default=None, description="Documentation chunks per search (default TOP_K_FINAL)."
     )
     model: (
-        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+        Annotated[
+            str,
+            StringConstraints(
+                strip_whitespace=True, min_length=1, max_length=200, pattern=NOT_BLANK
+            ),
+        ]
         | None
     ) = Field(
         default=None,
@@ -165,6 +191,50 @@ async def sse_events(
 
 # --- the route ----------------------------------------------------------------------------------
 
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _sse_event(name: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One event of the stream: its name, and its ``data`` as JSON text of ``payload``."""
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"const": name},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": payload,
+            },
+        },
+    }
+
+
+# The event stream, as OpenAPI 3.2 describes sequential media types (``itemSchema``: each
+# event, parsed into ``{"event", "data", ...}``; ``schema``: the whole stream as an array).
+_SSE_EVENT: dict[str, Any] = {
+    "oneOf": [
+        _sse_event("tool", _ref("ToolCallTrace")),
+        _sse_event(
+            "token",
+            {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        ),
+        _sse_event("citation", _ref("CitationOut")),
+        _sse_event("done", _ref("AgentAnswer")),
+        _sse_event("error", {"anyOf": [_ref("AgentAnswer"), _ref("ErrorEnvelope")]}),
+    ]
+}
+_SSE_STREAM: dict[str, Any] = {
+    "type": "array",
+    "items": _SSE_EVENT,
+    # exactly one final event: done, or error
+    "contains": {"properties": {"event": {"enum": ["done", "error"]}}, "required": ["event"]},
+    "minContains": 1,
+    "maxContains": 1,
+}
+_ANSWER_OR_ENVELOPE = {"anyOf": [_ref("AgentAnswer"), _ref("ErrorEnvelope")]}
 _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The answer (JSON), or with `stream=true` a `text/event-stream` of "
@@ -172,7 +242,8 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         "`error` event.",
         "content": {
             "text/event-stream": {
-                "schema": {"type": "string"},
+                "itemSchema": _SSE_EVENT,
+                "schema": _SSE_STREAM,
                 "example": 'event: token\r\ndata: {"text":"The cooldown is "}\r\n\r\n',
             }
         },
@@ -182,11 +253,18 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "provider_error: the model provider rejected the request or sent an "
         "unusable reply. The AgentAnswer's `error` is the envelope.",
     },
+    # 503/504 also come from the backend itself (``BackendError``: e.g. Serve's deadline or an
+    # unavailable deployment), with the plain error envelope instead of an AgentAnswer.
     503: {
-        "model": AgentAnswer,
-        "description": "provider_error: the model provider is unavailable (after retries).",
+        "description": "provider_error: the model provider is unavailable (after retries); "
+        "or the service itself is (the error envelope).",
+        "content": {"application/json": {"schema": _ANSWER_OR_ENVELOPE}},
     },
-    504: {"model": AgentAnswer, "description": "provider_error: the model provider timed out."},
+    504: {
+        "description": "provider_error: the model provider timed out; or the service did "
+        "(the error envelope).",
+        "content": {"application/json": {"schema": _ANSWER_OR_ENVELOPE}},
+    },
 }
 _ASK_RESPONSES.update(error_responses(400, 401, 403, 413, 422, 429, 500))
 

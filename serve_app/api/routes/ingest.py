@@ -43,7 +43,7 @@ async def start_ingest(
 @router.get(
     "/ingest/{run_id}",
     response_model=IngestRun,
-    responses=error_responses(401, 403, 404, 500, 503),
+    responses=error_responses(401, 403, 404, 422, 500, 503),
     summary="Status, progress and counts of an ingestion run (admin only)",
 )
 async def ingest_status(run_id: str, user: IngestAdmin, backend: BackendDep) -> IngestRun:

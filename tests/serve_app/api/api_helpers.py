@@ -3,6 +3,9 @@ test directory's helpers): callers, a fake backend, an SSE reader, a spy backend
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import threading
 import time
@@ -44,6 +47,42 @@ def is_envelope(body: Any, code: str | None = None) -> bool:
     error = body["error"]
     ok = isinstance(error.get("code"), str) and isinstance(error.get("message"), str)
     return ok and (code is None or error["code"] == code)
+
+
+async def expect_401(response: httpx.Response, *, says: str | None = None) -> None:
+    """A 401 with the envelope, ``WWW-Authenticate: Bearer``, and never the eval secret."""
+    assert response.status_code == 401, response.text
+    body = response.json()
+    assert is_envelope(body, "unauthenticated"), body
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert SECRET not in response.text
+    if says is not None:
+        assert says in body["error"]["message"], body
+
+
+# --- building credentials by hand (for the auth tests) -------------------------------------------
+
+
+def b64(raw: bytes | str) -> str:
+    data = raw.encode() if isinstance(raw, str) else raw
+    return base64.b64encode(data).decode()
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def unsigned(header: dict[str, Any], body: dict[str, Any], signature: bytes = b"") -> str:
+    head = b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(body).encode())
+    return head + "." + b64url(signature)
+
+
+def hs256_with_header(header: dict[str, Any], body: dict[str, Any], key: str) -> str:
+    """A token whose header claims ``header['alg']`` but is HMAC-SHA256-signed with ``key``
+    (the classic RS256 -> HS256 confusion, from the other side)."""
+    head = b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(body).encode())
+    signature = hmac.new(key.encode(), head.encode(), hashlib.sha256).digest()
+    return head + "." + b64url(signature)
 
 
 def answer(text: str = "ok", **fields: Any) -> AgentAnswer:

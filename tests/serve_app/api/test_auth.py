@@ -4,9 +4,6 @@ the error envelope and a clear message, never a 500, never echoing the secret.""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -17,7 +14,19 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from api_helpers import ADMIN, CLAIMS, NORTHWIND_STAFF, SECRET, FakeBackend, is_envelope
+from api_helpers import (
+    ADMIN,
+    CLAIMS,
+    NORTHWIND_STAFF,
+    SECRET,
+    FakeBackend,
+    b64,
+    b64url,
+    expect_401,
+    hs256_with_header,
+    is_envelope,
+    unsigned,
+)
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from local_world.servers import run_in_thread
@@ -31,15 +40,6 @@ from serve_app.config import Settings
 
 AppFactory = Callable[..., tuple[Any, FakeBackend]]
 ClientFactory = Callable[..., httpx.AsyncClient]
-
-
-def b64(raw: bytes | str) -> str:
-    data = raw.encode() if isinstance(raw, str) else raw
-    return base64.b64encode(data).decode()
-
-
-def b64url(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 def claims_header(value: str | bytes) -> dict[bytes, bytes]:
@@ -56,19 +56,6 @@ def payload(**overrides: Any) -> dict[str, Any]:
     }
     claims.update(overrides)
     return {k: v for k, v in claims.items() if v is not None}
-
-
-def unsigned(header: dict[str, Any], body: dict[str, Any], signature: bytes = b"") -> str:
-    head = b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(body).encode())
-    return head + "." + b64url(signature)
-
-
-def hs256_with_header(header: dict[str, Any], body: dict[str, Any], key: str) -> str:
-    """A token whose header claims ``header['alg']`` but is HMAC-SHA256-signed with ``key``
-    (the classic RS256 -> HS256 confusion, from the other side)."""
-    head = b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(body).encode())
-    signature = hmac.new(key.encode(), head.encode(), hashlib.sha256).digest()
-    return head + "." + b64url(signature)
 
 
 RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -134,16 +121,6 @@ BAD_TOKENS: dict[str, str] = {
     "non-JSON header": "bm90anNvbg.e30.c2ln",
     "oversized": "a" * 9000,
 }
-
-
-async def expect_401(response: httpx.Response, *, says: str | None = None) -> None:
-    assert response.status_code == 401, response.text
-    body = response.json()
-    assert is_envelope(body, "unauthenticated"), body
-    assert response.headers["www-authenticate"] == "Bearer"
-    assert SECRET not in response.text
-    if says is not None:
-        assert says in body["error"]["message"], body
 
 
 # --- the fuzz table over HTTP ---------------------------------------------------------------------
