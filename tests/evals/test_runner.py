@@ -260,3 +260,36 @@ async def test_a_refused_token_stops_the_run(dataset: Dataset, url: str, tmp_pat
     wrong = settings(tmp_path, eval_jwt_secret="another-secret-0123456789abcdef012345")
     with pytest.raises(EvalConfigError, match=r"refused the eval token .*signature does not"):
         await run_eval(dataset, url, wrong, progress=False, console=quiet())
+
+
+async def test_saved_responses_rescore_against_an_edited_dataset_without_the_service(
+    dataset: Dataset, url: str, tmp_path: Path
+) -> None:
+    from evals.runner import read_responses, rescore, write_responses
+
+    first = await run(dataset, url, tmp_path)
+    saved = write_responses(first, tmp_path / "run" / "responses.jsonl")
+    assert len(saved.read_text().splitlines()) == 1 + len(first.results)
+
+    # The same answers, scored against the dataset as loaded: same statuses, same figures.
+    again = rescore(dataset, read_responses(saved))
+    assert [(r.id, r.status) for r in again.results] == [(r.id, r.status) for r in first.results]
+    assert again.results[0].input_tokens == 900 and again.results[0].latency_ms is not None
+
+    # Mark the passing row xfail and drop the known gap's marker: XPASS and FAIL, no HTTP.
+    edited = DATASET.replace(
+        'keywords: {all: ["10 minutes"]}',
+        'keywords: {all: ["10 minutes"]}\n    xfail: "now marked"',
+    ).replace('    xfail: "the model guesses instead of calling the occupancy tool"\n', "")
+    rescored = rescore(
+        load_dataset(write_dataset(tmp_path, edited, "b.yaml")), read_responses(saved)
+    )
+    assert [(r.id, r.status) for r in rescored.results] == [
+        ("passes", Status.XPASS),
+        ("known-gap", Status.FAIL),
+    ]
+    # A row the saved run never asked is an ERROR, not a silent pass.
+    extra = DATASET + '  - id: new-row\n    question: "New?"\n    idk: true\n'
+    grown = rescore(load_dataset(write_dataset(tmp_path, extra, "c.yaml")), read_responses(saved))
+    assert grown.results[-1].status is Status.ERROR
+    assert grown.results[-1].error == "not in the saved run"
