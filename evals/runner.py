@@ -237,6 +237,15 @@ def _row_cost(answer: AgentAnswer) -> float | None:
     return answer.cost.estimated_usd
 
 
+def _xfail_errors(case: Case, result: RowResult) -> RowResult:
+    """An ``xfail`` row that could not be scored (a timeout, an error envelope) failed as
+    predicted too: XFAIL, like pytest's xfail catching an exception. The error stays the
+    evidence in the report."""
+    if result.status is Status.ERROR and case.row.xfail is not None:
+        result.status = Status.XFAIL
+    return result
+
+
 def _status(case: Case, assertions: list[AssertionResult]) -> Status:
     failed = any(a.failed for a in assertions)
     if case.row.xfail is not None:
@@ -262,6 +271,9 @@ class _Runner:
         return self.tokens[key]
 
     async def run(self, case: Case) -> RowResult:
+        return _xfail_errors(case, await self._ask(case))
+
+    async def _ask(self, case: Case) -> RowResult:
         row = case.row
         result = RowResult(
             id=row.id,
@@ -349,7 +361,8 @@ def rescore(dataset: Dataset, saved: EvalRun) -> EvalRun:
         if old is None or old.response is None:
             result.error = old.error if old is not None else "not in the saved run"
             result.latency_ms = old.latency_ms if old is not None else None
-            results.append(result)
+            result.http_status = old.http_status if old is not None else None
+            results.append(_xfail_errors(case, result) if old is not None else result)
             continue
         answer = AgentAnswer.model_validate(old.response)
         verdicts = (

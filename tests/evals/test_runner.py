@@ -160,6 +160,21 @@ async def test_an_error_envelope_is_an_error_row_not_a_crash(
     assert exit_code(result) == 1
 
 
+async def test_an_xfail_row_that_errors_is_xfail_with_the_error_as_evidence(
+    dataset: Dataset, url: str, service: FakeService, tmp_path: Path
+) -> None:
+    service.reply(
+        "Which room is busiest right now?",
+        {"error": {"code": "timeout", "message": "no answer within 170 s; try again"}},
+        status=504,
+    )
+    result = await run(dataset, url, tmp_path)
+    gap = result.results[1]
+    assert (gap.id, gap.status, gap.http_status) == ("known-gap", Status.XFAIL, 504)
+    assert gap.error is not None and "no answer within 170 s" in gap.error
+    assert exit_code(result) == 0
+
+
 async def test_a_provider_error_answer_is_scored(
     tmp_path: Path, url: str, service: FakeService
 ) -> None:
