@@ -3,10 +3,14 @@ HTTP and runs tools through the ``ToolProxy`` deployment."""
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.metrics import RayServeMetrics
@@ -16,7 +20,7 @@ from serve_app.agent.llm.openai_client import build_llm_client
 from serve_app.agent.loop import Agent
 from serve_app.agent.tools import build_default_registry
 from serve_app.agent.tools.executor import ToolRequest
-from serve_app.agent.tools.registry import ToolOutcome
+from serve_app.agent.tools.registry import ToolOutcome, parse_arguments
 from serve_app.api.backend import ReadinessCheck
 from serve_app.config import load_settings
 from serve_app.identity import AuthUser
@@ -25,10 +29,21 @@ from serve_app.observability.setup import configure_observability
 from serve_app.readiness import provider_check
 from serve_app.tracing import use_context
 
+log = logging.getLogger(__name__)
+
+TOOL_SERVICE_UNAVAILABLE = (
+    "the tool service is temporarily unavailable; try again later or say live data is unavailable"
+)
+
 
 class HandleToolExecutor:
     """The loop's ``ToolExecutor`` port over the ToolProxy deployment. Tool specs are static
-    (the tool classes), so they are read locally rather than fetched over a hop."""
+    (the tool classes), so they are read locally rather than fetched over a hop.
+
+    Like any ``ToolExecutor`` it never raises (except cancellation): a ToolProxy replica that
+    dies under the call (``RayActorError``) gets one retry, which Serve routes to another
+    replica (every tool is read-only, so a repeat is harmless); a second failure, or any other
+    failure of the hop, is a tool error the model reads, and the run goes on."""
 
     def __init__(self, handle: DeploymentHandle[Any], specs: list[ToolSpec]) -> None:
         self._handle = handle
@@ -38,8 +53,32 @@ class HandleToolExecutor:
         return list(self._specs)
 
     async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
-        outcome: ToolOutcome = await self._handle.execute.remote(call, request)
-        return outcome
+        started = time.perf_counter()
+        for attempt in (1, 2):
+            try:
+                outcome: ToolOutcome = await self._handle.execute.remote(call, request)
+                return outcome
+            except RayActorError as exc:
+                log.warning(
+                    "tool %s: ToolProxy replica lost (attempt %d): %s", call.name, attempt, exc
+                )
+            except Exception:
+                log.exception("tool %s: the call to ToolProxy failed", call.name)
+                break
+        return _unavailable(call, started)
+
+
+def _unavailable(call: ToolCall, started: float) -> ToolOutcome:
+    arguments, _ = parse_arguments(call.arguments)
+    return ToolOutcome(
+        call_id=call.id,
+        name=call.name,
+        arguments=arguments,
+        ok=False,
+        error=TOOL_SERVICE_UNAVAILABLE,
+        result_json=json.dumps({"error": TOOL_SERVICE_UNAVAILABLE}, separators=(",", ":")),
+        duration_ms=round((time.perf_counter() - started) * 1000.0, 2),
+    )
 
 
 @serve.deployment(

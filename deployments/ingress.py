@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from fastapi import FastAPI
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.agent.answer import AgentAnswer, AgentEvent
@@ -42,6 +43,8 @@ from serve_app.observability.setup import configure_observability
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0
+AGENT_LOST = "the agent handling this question stopped (it is being replaced); try again"
+AGENT_LOST_RETRY_AFTER_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,13 @@ class ServeBackend:
             raise BackendTimeout(
                 f"no answer within {self._settings.ask_timeout_seconds:.0f} s; try again"
             ) from None
+        except RayActorError as exc:
+            # The AgentLoop replica died (or became unreachable) under this request: Serve
+            # replaces it and routes new requests elsewhere. Not a bug of ours (500) but a
+            # transient unavailability: 503 with Retry-After. Not retried here: the run may
+            # already have spent model tokens.
+            log.warning("AgentLoop replica lost under /ask: %s", exc)
+            raise BackendError(AGENT_LOST, retry_after=AGENT_LOST_RETRY_AFTER_S) from None
         return answer
 
     async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
@@ -123,6 +133,9 @@ class ServeBackend:
         try:
             async for event in gen:
                 yield event
+        except RayActorError as exc:
+            log.warning("AgentLoop replica lost under a streamed /ask: %s", exc)
+            raise BackendError(AGENT_LOST, retry_after=AGENT_LOST_RETRY_AFTER_S) from None
         finally:
             gen.cancel()  # type: ignore[no-untyped-call]  # a client disconnect (or any early exit) stops the work downstream
 
