@@ -21,7 +21,7 @@ from serve_app.agent.llm.base import ToolSpec
 from serve_app.agent.llm.json_schema_mode import WorkedExample, render_tool_prompt
 
 PROMPT_DIR = Path(__file__).parent
-DEFAULT_VERSION = "v2"
+DEFAULT_VERSION = "v1"
 
 # Returned verbatim when the data does not answer the question (and on hop exhaustion).
 IDK_MARKER = "I don't know based on the available CrowdVision data."
