@@ -96,6 +96,16 @@ def prepare(
         return SkippedSource(file.source, str(exc))
     except AclError as exc:
         return SkippedSource(file.source, f"{file.source}: front matter permissions: {exc}")
+    metadata = {k: _jsonable(v) for k, v in parsed.metadata.items()}
+    holder = _holds_nul(parsed.title, parsed.body, metadata)
+    if holder is not None:
+        # PostgreSQL text and jsonb cannot store U+0000: writing it would fail the whole run,
+        # and every re-run again at the same file.
+        return SkippedSource(
+            file.source,
+            f"{file.source}: {holder} contains a NUL character (U+0000), which the knowledge "
+            "base cannot store; skipped",
+        )
     content_hash = hashlib.sha256(data).hexdigest()
     return PreparedSource(
         source=file.source,
@@ -104,8 +114,30 @@ def prepare(
         content_hash=content_hash,
         fingerprint=fingerprint(content_hash, permissions, embedder_name, max_tokens),
         permissions=permissions,
-        metadata={k: _jsonable(v) for k, v in parsed.metadata.items()},
+        metadata=metadata,
     )
+
+
+def _holds_nul(title: str | None, body: str, metadata: dict[str, object]) -> str | None:
+    """Which part of a parsed source holds U+0000 (a raw NUL byte, or a YAML ``\\0`` /
+    ``\\x00`` / ``\\u0000`` escape in the front matter), if any."""
+    if "\x00" in body:
+        return "the text"
+    if title is not None and "\x00" in title:
+        return "the title"
+    if _has_nul(metadata):
+        return "the front matter"
+    return None
+
+
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _jsonable(value: object) -> object:

@@ -30,6 +30,8 @@ def parse_acl(entries: Iterable[str]) -> list[str]:
         entry = raw.strip()
         if not entry:
             continue
+        if "\x00" in entry:  # the store could not hold it (PostgreSQL text)
+            raise AclError(f"ACL entry {raw!r} contains a NUL character")
         kind, sep, name = entry.partition(":")
         name = _clean(name)
         kind = kind.strip().lower()

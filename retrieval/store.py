@@ -273,7 +273,10 @@ class PgDocumentStore:
         k_vector: int,
         k_keyword: int,
     ) -> list[Candidate]:
-        held = [PUBLIC_ACL_SENTINEL, *acl]
+        # PostgreSQL text cannot hold U+0000 (the statement would fail): an entry holding one
+        # can match no stored ACL, so it is dropped; in the query it separates words.
+        held = [PUBLIC_ACL_SENTINEL, *(entry for entry in acl if "\x00" not in entry)]
+        query_text = query_text.replace("\x00", " ")
         rows = await self._pool.fetch(
             HYBRID_SQL, query_vector, held, k_vector, query_text, k_keyword
         )

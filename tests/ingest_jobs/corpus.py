@@ -1,8 +1,36 @@
-"""A small synthetic documentation tree for ingestion tests."""
+"""A small synthetic documentation tree for ingestion tests, and a cheap embedder."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from local_world.scripted_llm import embed_text
+
+
+class HashedEmbedder:
+    """The ``Embedder`` port over the scripted model server's deterministic hashed bag of
+    words (``embed_text``: words + trigrams, L2-normalised), in-process: for tests where the
+    store, not the vectors, is under test. Over HTTP the scripted server's ``/v1/embeddings``
+    returns the same vectors."""
+
+    name = "hashed-bow-384"
+    dim = 384
+    max_tokens = 8191
+
+    def count_tokens(self, text: str) -> int:
+        return max(1, (len(text) + 3) // 4)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        rows = [embed_text(t, self.dim) for t in texts]
+        return np.asarray(rows, dtype=np.float32).reshape(len(rows), self.dim)
+
+    async def aencode(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return self.encode(texts)
+
 
 PAGES: dict[str, str] = {
     "public/overview.md": """---
