@@ -52,7 +52,7 @@ def payload(**overrides: Any) -> dict[str, Any]:
         "sub": "eve",
         "roles": ["admin"],
         "domains": ["acme"],
-        "exp": int(time.time()) + 600,
+        "exp": int(time.time()) + 86_400,  # built at import: must outlive a long suite
     }
     claims.update(overrides)
     return {k: v for k, v in claims.items() if v is not None}
@@ -114,7 +114,7 @@ BAD_TOKENS: dict[str, str] = {
     "exp not a number": jwt.encode(payload(exp="tomorrow"), SECRET, algorithm="HS256"),
     "roles not a list": jwt.encode(payload(roles="admin"), SECRET, algorithm="HS256"),
     "no roles or domains": jwt.encode(
-        {"sub": "eve", "exp": int(NOW) + 600}, SECRET, algorithm="HS256"
+        {"sub": "eve", "exp": int(NOW) + 86_400}, SECRET, algorithm="HS256"
     ),
     "two segments": "abc.def",
     "garbage": "not-a-jwt-at-all",

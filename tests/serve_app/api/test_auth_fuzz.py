@@ -341,7 +341,7 @@ def claims_body(**overrides: Any) -> dict[str, Any]:
         "roles": ["admin"],
         "domains": ["acme"],
         "iat": now(),
-        "exp": now() + 600,
+        "exp": now() + 86_400,  # tokens are built at collection: outlive a long suite
     }
     body.update(overrides)
     return {k: v for k, v in body.items() if v is not None}
@@ -413,7 +413,7 @@ def adversarial_tokens() -> dict[str, str]:
         "roles a string": _hs(claims_body(roles="admin")),
         "memberships a dict": _hs(claims_body(memberships={"domain": "acme", "role": "admin"})),
         "memberships with a number": _hs(claims_body(memberships=[{"domain": 1, "role": "admin"}])),
-        "neither shape": _hs({"sub": "eve", "exp": t0 + 600}),
+        "neither shape": _hs({"sub": "eve", "exp": t0 + 86_400}),
         "payload a list": _with_header({"alg": "HS256"}, claims_body()).split(".")[0]
         + "."
         + b64url(b"[1, 2]")
@@ -515,7 +515,7 @@ def bad_tokens(draw: st.DrawFn) -> str:
         return _with_header(header, claims_body())
     body = draw(bad_payloads())  # right algorithm and secret, bad claims
     if isinstance(body, dict):
-        body.setdefault("exp", now() + 600)
+        body.setdefault("exp", now() + 86_400)
     return _with_header({"alg": "HS256", "typ": "JWT"}, body)
 
 

@@ -258,6 +258,8 @@ def test_the_header_secret_is_never_printed_or_logged(
     otlp_collector: tuple[str, OtlpCollector], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # configure_logging (run by earlier tests in the same process) quiets urllib3 to WARNING
+    caplog.set_level(logging.DEBUG, logger="urllib3")
     url, collector = otlp_collector
     settings = _settings(url)
     for shown in (repr(settings), str(settings), settings.model_dump_json()):
