@@ -24,10 +24,8 @@ import argparse
 import asyncio
 import os
 import statistics
-import time
 
-import httpx
-
+from bench.serve_overhead import wait_ready
 from bench.serve_settings import load
 from local_world.otlp_collector import OtlpCollector, create_otlp_app
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
@@ -37,18 +35,6 @@ from local_world.twin_service import create_twin_app
 from local_world.world import build_world
 
 PORT = 8012
-
-
-def _wait_ready(url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not ready")
 
 
 def main() -> None:
@@ -114,7 +100,7 @@ def main() -> None:
                     blocking=False,
                 )
             for name in variants:
-                _wait_ready(base + prefixes[name])
+                wait_ready(base + prefixes[name])
                 asyncio.run(load(base + prefixes[name], args.concurrency, 64))  # warm-up
             print(
                 f"model delay {args.model_delay_ms} ms per chat call (2 per question); "
