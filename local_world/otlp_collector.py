@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +113,24 @@ class OtlpCollector:
                 names = sorted({s.name for s in spans})
                 raise TimeoutError(f"{len(spans)} spans arrived ({names}); condition not met")
             time.sleep(0.05)
+
+
+def span_tree(spans: Sequence[CollectedSpan]) -> tuple[Any, ...]:
+    """``(name, children)`` from the single root, children sorted by name (siblings such as
+    concurrent tool calls have no stable order). A parent outside ``spans`` counts as none."""
+    ids = {s.span_id for s in spans}
+    by_parent: dict[str, list[CollectedSpan]] = {}
+    for span in spans:
+        parent = span.parent_span_id if span.parent_span_id in ids else ""
+        by_parent.setdefault(parent, []).append(span)
+
+    def node(span: CollectedSpan) -> tuple[Any, ...]:
+        children = sorted(by_parent.get(span.span_id, []), key=lambda s: s.name)
+        return (span.name, tuple(node(c) for c in children))
+
+    roots = by_parent.get("", [])
+    assert len(roots) == 1, [s.name for s in roots]
+    return node(roots[0])
 
 
 def create_otlp_app(collector: OtlpCollector) -> FastAPI:

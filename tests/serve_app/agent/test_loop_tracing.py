@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import StatusCode
 
-from local_world.otlp_collector import CollectedSpan, OtlpCollector
+from local_world.otlp_collector import OtlpCollector, span_tree
 from local_world.scripted_llm import ScriptedLLM
 from retrieval.embedders import Vectors
 from retrieval.rerankers import NoopReranker
@@ -107,24 +107,6 @@ def tree(spans: Sequence[ReadableSpan]) -> tuple[Any, ...]:
         return (span.name, tuple(node(c) for c in children))
 
     roots = by_parent.get(None, [])
-    assert len(roots) == 1, [s.name for s in roots]
-    return node(roots[0])
-
-
-def collected_tree(spans: Sequence[CollectedSpan]) -> tuple[Any, ...]:
-    """``tree`` of the spans an OTLP collector decoded."""
-    ids = {s.span_id for s in spans}
-    by_parent: dict[str, list[CollectedSpan]] = {}
-    for span in spans:
-        by_parent.setdefault(span.parent_span_id if span.parent_span_id in ids else "", []).append(
-            span
-        )
-
-    def node(span: CollectedSpan) -> tuple[Any, ...]:
-        children = sorted(by_parent.get(span.span_id, []), key=lambda s: s.name)
-        return (span.name, tuple(node(c) for c in children))
-
-    roots = by_parent.get("", [])
     assert len(roots) == 1, [s.name for s in roots]
     return node(roots[0])
 
@@ -425,7 +407,7 @@ async def test_a_real_run_arrives_at_an_otlp_collector(
 
     collector = otlp_collector[1]
     received = collector.snapshot()
-    assert collected_tree(received) == EXPECTED_TREE
+    assert span_tree(received) == EXPECTED_TREE
     # exactly the spans the in-memory exporter saw, in one trace: the id /ask returns
     assert sorted(s.span_id for s in received) == sorted(
         format(s.context.span_id, "016x") for s in spans.get_finished_spans()

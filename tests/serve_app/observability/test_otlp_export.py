@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from opentelemetry import context as otel_context
@@ -19,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from local_world.otlp_collector import CollectedSpan, OtlpCollector
+from local_world.otlp_collector import CollectedSpan, OtlpCollector, span_tree
 from serve_app.agent.tools.base import ToolError
 from serve_app.config import Settings
 from serve_app.observability import attributes as attr
@@ -32,24 +31,6 @@ HEADERS = f"Authorization=Basic%20{SECRET},x-langfuse-ingestion-version=4"
 SERVICE = "agent-service-otlp-test"
 QUESTION = "What is the zebra-cooldown?"
 ERROR = 2  # Status.STATUS_CODE_ERROR
-
-
-def span_tree(spans: Sequence[CollectedSpan]) -> tuple[Any, ...]:
-    """(name, children) from the single root, children sorted by name."""
-    ids = {s.span_id for s in spans}
-    by_parent: dict[str, list[CollectedSpan]] = {}
-    for span in spans:
-        by_parent.setdefault(span.parent_span_id if span.parent_span_id in ids else "", []).append(
-            span
-        )
-
-    def node(span: CollectedSpan) -> tuple[Any, ...]:
-        children = sorted(by_parent.get(span.span_id, []), key=lambda s: s.name)
-        return (span.name, tuple(node(c) for c in children))
-
-    roots = by_parent.get("", [])
-    assert len(roots) == 1, [s.name for s in roots]
-    return node(roots[0])
 
 
 def _settings(endpoint: str) -> Settings:
