@@ -28,7 +28,12 @@ import asyncpg
 
 from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens, run_ingest
 from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
-from retrieval.embedders import SentenceTransformerEmbedder, resolve_local_model
+from retrieval.embedders import (
+    Embedder,
+    SentenceTransformerEmbedder,
+    build_embedder,
+    resolve_local_model,
+)
 from retrieval.search import embedding_input
 from retrieval.store import PgDocumentStore
 from serve_app.config import load_settings
@@ -71,7 +76,8 @@ async def drop(admin_url: str, name: str) -> None:
 async def main_async(copies: int, actors: int) -> None:
     settings = load_settings()
     admin_url = with_database(await resolve_database_url(settings), "postgres")
-    embedder = SentenceTransformerEmbedder("all-MiniLM-L6-v2")
+    # The configured embedder (EMBEDDING_DTYPE included), as the pipelines build it.
+    embedder = build_embedder(settings)
     max_tokens = effective_max_tokens(settings, embedder.max_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     try:
@@ -86,14 +92,28 @@ async def main_async(copies: int, actors: int) -> None:
                     embedding_input(r["section"], r["text"])
                     for r in chunk_rows(doc, counter, max_tokens)
                 )
-        embedder.encode(texts[:64])  # warm-up
-        start = time.perf_counter()
-        for i in range(0, len(texts), settings.embedding_batch_size):
-            embedder.encode(texts[i : i + settings.embedding_batch_size])
-        raw_s = time.perf_counter() - start
+
+        def raw_encode_seconds(model: Embedder) -> float:
+            model.encode(texts[:64])  # warm-up
+            start = time.perf_counter()
+            for i in range(0, len(texts), settings.embedding_batch_size):
+                model.encode(texts[i : i + settings.embedding_batch_size])
+            return time.perf_counter() - start
+
+        raw_s = raw_encode_seconds(embedder)
         raw_rate = len(texts) / raw_s
+        dtype = getattr(embedder, "dtype", "float32")
         print(f"corpus: {len(discover(roots))} documents, {len(texts)} chunks", flush=True)
-        print(f"raw encode     {raw_rate:7.1f} chunks/s  ({raw_s:.1f}s)", flush=True)
+        print(f"raw encode ({dtype}) {raw_rate:7.1f} chunks/s  ({raw_s:.1f}s)", flush=True)
+        if dtype != "float32":
+            fp32_s = raw_encode_seconds(
+                SentenceTransformerEmbedder("all-MiniLM-L6-v2", dtype="float32")
+            )
+            print(
+                f"raw encode (float32) {len(texts) / fp32_s:7.1f} chunks/s  ({fp32_s:.1f}s): "
+                f"{dtype} is {fp32_s / raw_s:.2f}x faster",
+                flush=True,
+            )
 
         results: dict[str, float] = {}
         executors: tuple[Executor, ...] = ("local", "ray")

@@ -90,7 +90,9 @@ class RetrieverDeployment:
             retrieval_config(settings),
         )
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    # No wait: a lone query goes at once; queries arriving during a forward pass form the
+    # next batch (one batch at a time), so batches still form under load.
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)
     async def _embed_one(self, queries: list[str]) -> list[Vectors]:
         vectors = await self.embedder.aencode(queries)
         return list(vectors)

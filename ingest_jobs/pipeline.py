@@ -144,6 +144,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
         "EMBEDDING_MODEL": settings.embedding_model,
         "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
         "EMBEDDING_BATCH_SIZE": str(settings.embedding_batch_size),
+        "EMBEDDING_DTYPE": settings.embedding_dtype,
         "LLM_BASE_URL": settings.llm_base_url,
         "HF_HUB_OFFLINE": "1",
     }

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -75,8 +75,39 @@ def resolve_local_model(name: str) -> str:
     return name
 
 
+EmbeddingDtype = Literal["auto", "float32", "bfloat16"]
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products in hardware (AVX512-BF16 or AMX).
+    Elsewhere torch emulates them, which is slower than float32."""
+    import torch
+
+    cpu: Any = torch.cpu
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        check = getattr(cpu, probe, None)
+        if check is not None and bool(check()):
+            return True
+    return False
+
+
+def _float32_token_embeddings(
+    _module: object, _inputs: object, features: dict[str, Any]
+) -> dict[str, Any]:
+    # Pool and normalise in float32: bfloat16 pooling alone costs a cosine of ~0.998.
+    features["token_embeddings"] = features["token_embeddings"].float()
+    return features
+
+
 class SentenceTransformerEmbedder:
-    def __init__(self, model: str, *, batch_size: int = 32, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        batch_size: int = 32,
+        device: str = "cpu",
+        dtype: EmbeddingDtype = "float32",
+    ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from sentence_transformers import SentenceTransformer
@@ -95,6 +126,22 @@ class SentenceTransformerEmbedder:
         self._dim = int(dim)
         self._max_tokens = int(window)
         self._batch_size = batch_size
+        self.dtype: Literal["float32", "bfloat16"] = (
+            ("bfloat16" if device == "cpu" and native_bfloat16() else "float32")
+            if dtype == "auto"
+            else dtype
+        )
+        if self.dtype == "bfloat16":
+            self._use_bfloat16()
+
+    def _use_bfloat16(self) -> None:
+        """Transformer weights in bfloat16 (memory-bound small batches read half the bytes;
+        big batches use the CPU's bf16 units), pooling and normalisation in float32."""
+        import torch
+
+        transformer = self._model[0]
+        transformer.auto_model.to(torch.bfloat16)
+        transformer.register_forward_hook(_float32_token_embeddings)
 
     @property
     def name(self) -> str:
@@ -226,7 +273,9 @@ def build_embedder(settings: Settings) -> Embedder:
             "EMBEDDING_MODEL %s is not a folder; trying the local cache", settings.embedding_model
         )
     embedder = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size
+        settings.embedding_model,
+        batch_size=settings.embedding_batch_size,
+        dtype=settings.embedding_dtype,
     )
     if embedder.dim != dim:
         raise EmbedderError(

@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         default=None, description="OpenAI-compatible /embeddings base URL (default LLM_BASE_URL)."
     )
     embedding_batch_size: int = Field(default=32, ge=1, le=4096)
+    embedding_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description=(
+            "Weights of a local (sentence-transformers) embedder. 'auto': bfloat16 where the "
+            "CPU computes it natively (AVX512-BF16 or AMX), float32 elsewhere. Pooling stays "
+            "float32, so bfloat16 vectors match float32 ones to a cosine of ~0.99995."
+        ),
+    )
 
     reranker: Literal["noop", "cross-encoder"] = "noop"
     reranker_model: str | None = Field(

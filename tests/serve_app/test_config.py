@@ -33,6 +33,7 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("MODEL_OVERRIDE_MIN_ROLE", "superuser"),
         ("LOG_FORMAT", "xml"),
         ("EMBEDDING_DIM", "0"),
+        ("EMBEDDING_DTYPE", "float16"),
         ("DOC_ROOTS", "documentation/user=group:ops"),
         ("API_PREFIX", "agent"),
     ],
