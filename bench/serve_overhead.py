@@ -78,6 +78,34 @@ def ask(url: str, concurrency: int, requests: int) -> LoadResult:
     )
 
 
+def provider_alone(serve_url: str, requests: int) -> LoadResult:
+    """The provider's own time for one question, as an HTTP client sees it: the two chat
+    requests the agent sent for one ``/ask`` (read back from the scripted server's request
+    log), replayed sequentially, ``requests`` times. This is the floor under any agent."""
+    llm = f"http://127.0.0.1:{LLM_PORT}"
+    httpx.delete(f"{llm}/_requests", timeout=10).raise_for_status()
+    ask(serve_url, 1, 1)
+    log = httpx.get(f"{llm}/_requests", timeout=10).json()["requests"]
+    bodies = [entry["body"] for entry in log if entry["endpoint"] == "chat.completions"]
+    if len(bodies) != 2:
+        raise RuntimeError(f"expected the agent's 2 chat calls, the model server saw {len(bodies)}")
+    latencies: list[float] = []
+    started = time.perf_counter()
+    with httpx.Client(headers={"authorization": "Bearer bench"}, timeout=30) as client:
+        for _ in range(requests + 3):
+            t0 = time.perf_counter()
+            for body in bodies:
+                client.post(f"{llm}/v1/chat/completions", json=body).raise_for_status()
+            latencies.append((time.perf_counter() - t0) * 1000)
+    httpx.delete(f"{llm}/_requests", timeout=10).raise_for_status()
+    return LoadResult(
+        requests=requests,
+        seconds=time.perf_counter() - started,
+        errors=0,
+        latencies_ms=tuple(latencies[3:]),  # the first three warm the connection
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,7 +113,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=640)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="also measure a second Serve application with these settings, side by side "
+        "(its own route prefix and replicas), e.g. --also EMBEDDING_DTYPE=float32",
+    )
     args = parser.parse_args()
+    variants = {
+        f"Serve {spec}": dict(pair.split("=", 1) for pair in spec.split(",")) for spec in args.also
+    }
 
     import ray
     from ray import serve
@@ -133,7 +172,10 @@ def main() -> None:
         "Serve app": f"http://127.0.0.1:{SERVE_PORT}",
         "single process": f"http://127.0.0.1:{BASELINE_PORT}",
     }
+    for i, name in enumerate(variants):
+        targets[name] = f"http://127.0.0.1:{SERVE_PORT}/v{i}"
     results: dict[str, dict[str, list[LoadResult]]] = {t: {"c": [], "one": []} for t in targets}
+    provider: list[LoadResult] = []
     try:
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
         serve.start(
@@ -141,6 +183,8 @@ def main() -> None:
             logging_config={"enable_access_log": False, "log_level": "WARNING"},
         )
         serve.run(build_app(), name="agent", route_prefix="/")
+        for i, variant_env in enumerate(variants.values()):
+            serve.run(build_app({"env": variant_env}), name=f"v{i}", route_prefix=f"/v{i}")
         for url in targets.values():
             wait_ready(url)
             ask(url, args.concurrency, 2 * args.concurrency)  # warm-up (and autoscaling)
@@ -162,6 +206,8 @@ def main() -> None:
                     f"{'':<23} c=1: {single.line()}",
                     flush=True,
                 )
+            provider.append(provider_alone(targets["Serve app"], 30))
+            print(f"round {round_ + 1} provider alone   c=1: {provider[-1].line()}", flush=True)
     finally:
         if ray.is_initialized():
             serve.shutdown()  # type: ignore[no-untyped-call]
@@ -173,14 +219,20 @@ def main() -> None:
     def med(name: str, kind: str, value: str) -> float:
         return float(statistics.median(float(getattr(r, value)) for r in results[name][kind]))
 
+    provider_p50 = float(statistics.median(r.p50 for r in provider))
     print(f"\nmedians over {args.rounds} rounds")
+    print(
+        f"provider alone (the agent's two chat calls replayed): c=1 p50 {provider_p50:6.1f} ms "
+        f"(+{provider_p50 - PROVIDER_MS:.1f} ms of HTTP and the fake server over its delays)"
+    )
     for name in targets:
         rps = med(name, "c", "req_s")
+        one = med(name, "one", "p50")
         print(
-            f"{name:<15} c={args.concurrency}: {rps:6.1f} req/s ({rps / ideal:.2f} of ideal), "
+            f"{name:<15}\n    c={args.concurrency}: {rps:6.1f} req/s ({rps / ideal:.2f} of ideal), "
             f"p50 {med(name, 'c', 'p50'):6.0f} ms, p99 {med(name, 'c', 'p99'):6.0f} ms;  "
-            f"c=1: p50 {med(name, 'one', 'p50'):6.1f} ms "
-            f"(+{med(name, 'one', 'p50') - PROVIDER_MS:.1f} ms over the provider)"
+            f"\n    c=1: p50 {one:6.1f} ms (+{one - provider_p50:.1f} ms over the provider alone, "
+            f"+{one - PROVIDER_MS:.1f} ms over its {PROVIDER_MS} ms of delays)"
         )
     ratio = med("Serve app", "c", "req_s") / med("single process", "c", "req_s")
     print(f"Serve / single process throughput at c={args.concurrency}: {ratio:.2f} (goal >= 0.8)")
