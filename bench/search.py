@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -176,6 +178,38 @@ CALLERS = {
 class Corpus:
     vectors: npt.NDArray[np.float32]
     acl: list[str]
+    # Real text and its queries (``--corpus text``); None: Zipf words and perturbed vectors.
+    texts: list[str] | None = None
+    query_texts: list[str] | None = None
+    query_vectors: npt.NDArray[np.float32] | None = None
+
+
+def draw_acl(n: int, rng: np.random.Generator) -> list[str]:
+    u = rng.random(n)
+    return [
+        "domain:rare" if x < 0.005 else "domain:five" if x < 0.055 else "domain:common" for x in u
+    ]
+
+
+def text_corpus(n: int, queries: int, rng: np.random.Generator) -> Corpus:
+    """Docstring paragraphs embedded by the configured embedder (bench.text_corpus)."""
+    from bench.text_corpus import build_texts, embed_cached
+    from retrieval.embedders import build_embedder
+
+    settings = load_settings()
+    cache = settings.agent_service_home / "bench-cache"
+    # Reading every docstring takes ~2.5 min; the chosen texts are cached with the vectors.
+    listing = cache / f"texts-{n}-{queries}-{sys.version_info[0]}.{sys.version_info[1]}.json"
+    if listing.exists():
+        texts, query_texts = json.loads(listing.read_text())
+    else:
+        texts, query_texts = build_texts(n, queries, seed=20261130)
+        cache.mkdir(parents=True, exist_ok=True)
+        listing.write_text(json.dumps([texts, query_texts]))
+    embedder = build_embedder(settings)
+    vectors = embed_cached(texts, embedder, cache, "chunks")
+    query_vectors = embed_cached(query_texts, embedder, cache, "queries")
+    return Corpus(vectors, draw_acl(n, rng), texts, query_texts, query_vectors)
 
 
 def make_corpus(n: int, rng: np.random.Generator) -> Corpus:
@@ -183,11 +217,7 @@ def make_corpus(n: int, rng: np.random.Generator) -> Corpus:
     labels = rng.integers(0, len(centroids), size=n)
     vecs = centroids[labels] + 0.6 * rng.normal(size=(n, DIM)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    u = rng.random(n)
-    acl = [
-        "domain:rare" if x < 0.005 else "domain:five" if x < 0.055 else "domain:common" for x in u
-    ]
-    return Corpus(vecs.astype(np.float32), acl)
+    return Corpus(vecs.astype(np.float32), draw_acl(n, rng))
 
 
 async def load(url: str, corpus: Corpus, rng: np.random.Generator) -> None:
@@ -211,7 +241,10 @@ async def load(url: str, corpus: Corpus, rng: np.random.Generator) -> None:
         words = np.array(VOCAB)
         records = []
         for i in range(n):
-            text = " ".join(words[rng.choice(len(words), size=40, p=ZIPF)])
+            if corpus.texts is not None:
+                text = corpus.texts[i]
+            else:
+                text = " ".join(words[rng.choice(len(words), size=40, p=ZIPF)])
             records.append(
                 (
                     f"c{i:07d}",
@@ -257,13 +290,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run_size(
-    admin_url: str, n: int, queries: int, rng: np.random.Generator
+    admin_url: str, n: int, queries: int, rng: np.random.Generator, kind: str
 ) -> list[dict[str, Any]]:
     name = f"bench_search_{uuid.uuid4().hex[:8]}"
     await ensure_database_exists(admin_url, name)
     url = with_database(admin_url, name)
     await asyncio.to_thread(migrate, url, DIM)
-    corpus = make_corpus(n, rng)
+    corpus = text_corpus(n, queries, rng) if kind == "text" else make_corpus(n, rng)
     t0 = time.perf_counter()
     await load(url, corpus, rng)
     load_s = time.perf_counter() - t0
@@ -276,13 +309,16 @@ async def run_size(
     exact_sql = "/* exact */ " + HYBRID_SQL
     rows: list[dict[str, Any]] = []
     try:
-        qidx = rng.integers(0, n, size=queries)
-        # A query near a stored chunk (noise of norm ~0.3 against unit vectors), as a
-        # paraphrase is near the passage that answers it.
-        noise = rng.normal(size=(queries, DIM)).astype(np.float32) * (0.3 / np.sqrt(DIM))
-        qvecs = corpus.vectors[qidx] + noise
-        qvecs /= np.linalg.norm(qvecs, axis=1, keepdims=True)
-        qtexts = [" ".join(rng.choice(VOCAB, size=3, p=ZIPF)) for _ in range(queries)]
+        if corpus.query_vectors is not None and corpus.query_texts is not None:
+            qvecs, qtexts = corpus.query_vectors, corpus.query_texts
+        else:
+            qidx = rng.integers(0, n, size=queries)
+            # A query near a stored chunk (noise of norm ~0.3 against unit vectors), as a
+            # paraphrase is near the passage that answers it.
+            noise = rng.normal(size=(queries, DIM)).astype(np.float32) * (0.3 / np.sqrt(DIM))
+            qvecs = corpus.vectors[qidx] + noise
+            qvecs /= np.linalg.norm(qvecs, axis=1, keepdims=True)
+            qtexts = [" ".join(rng.choice(VOCAB, size=3, p=ZIPF)) for _ in range(queries)]
         acl_arr = np.array(corpus.acl)
         for label, held in CALLERS.items():
             visible = np.isin(acl_arr, held)
@@ -336,7 +372,7 @@ async def run_size(
     return rows
 
 
-async def main_async(sizes: list[int], queries: int) -> None:
+async def main_async(sizes: list[int], queries: int, kind: str) -> None:
     settings = load_settings()
     url = await resolve_database_url(settings)
     admin_url = with_database(url, "postgres")  # where CREATE DATABASE runs
@@ -346,7 +382,7 @@ async def main_async(sizes: list[int], queries: int) -> None:
         f"{'recall@10':>9} {'min':>5} {'exact p50':>9}"
     )
     for n in sizes:
-        for r in await run_size(admin_url, n, queries, rng):
+        for r in await run_size(admin_url, n, queries, rng, kind):
             print(
                 f"{r['chunks']:>7} {r['caller']:<12} {r['visible']:>8} {r['p50_ms']:>7.2f} "
                 f"{r['p99_ms']:>7.2f} {r['recall@10']:>9.3f} {r['min_recall@10']:>5.2f} "
@@ -362,8 +398,16 @@ def main() -> None:
     )
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--corpus",
+        choices=["synthetic", "text"],
+        default="synthetic",
+        help="synthetic: clustered vectors and Zipf words (any size, seconds to build); text: "
+        "docstring paragraphs of the installed packages embedded by the configured embedder "
+        "(real text and vectors; embedding is cached, ~1 min per 10k chunks on 2 cores)",
+    )
     args = parser.parse_args()
-    asyncio.run(main_async([int(s) for s in args.sizes.split(",")], args.queries))
+    asyncio.run(main_async([int(s) for s in args.sizes.split(",")], args.queries, args.corpus))
 
 
 if __name__ == "__main__":
