@@ -1,20 +1,26 @@
 """``agent-service serve`` / ``stop``: run the whole service on this machine.
 
 ``serve`` brings up, in order: the database (embedded unless DATABASE_URL), the local
-twin/sensor simulators (unless turned off), a Ray head node (reused if one runs), and the
+twin/sensor simulators (unless turned off), a Ray head node of its own (or the cluster
+``RAY_ADDRESS`` names; never some other cluster that happens to run here), and the
 Serve applications from ``serve_config.yaml`` (the agent app, plus the local LLM app when no
 provider key is set), with the resolved settings injected into their runtime environment. It
 returns when ``/readyz`` answers 200. Everything it starts is recorded in
-``$AGENT_SERVICE_HOME/run/services.json`` so ``stop`` stops exactly that.
+``$AGENT_SERVICE_HOME/run/services.json`` so ``stop`` stops exactly that: the head it
+started is found by its own temp dir, so other Ray clusters on the machine (a test suite, a
+colleague's) are left running, which ``ray stop`` would not do.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+import psutil
 import yaml
 
 from serve_app.config import Settings
@@ -43,6 +50,8 @@ class RunnerError(RuntimeError):
 @dataclass
 class RunState:
     started_ray: bool = False
+    ray_address: str = ""  # GCS address of the head this runner started ("" if none)
+    ray_temp_dir: str = ""  # that head's --temp-dir: how stop finds its processes
     simulator_pid: int | None = None
     api_url: str = ""
     dashboard_url: str = ""
@@ -61,7 +70,8 @@ def load_state(settings: Settings) -> RunState:
     if not path.exists():
         return RunState()
     data = json.loads(path.read_text())
-    return RunState(**data)
+    known = RunState.__dataclass_fields__
+    return RunState(**{k: v for k, v in data.items() if k in known})
 
 
 def save_state(settings: Settings, state: RunState) -> None:
@@ -80,11 +90,82 @@ def ray_env() -> dict[str, str]:
     return env
 
 
-def ray_running() -> bool:
+def ray_running(address: str) -> bool:
+    """Whether the Ray cluster at ``address`` (a GCS host:port, or "auto") answers."""
     proc = subprocess.run(
-        [_bin("ray"), "status"], capture_output=True, text=True, env=ray_env(), timeout=60
+        [_bin("ray"), "status", f"--address={address}"],
+        capture_output=True,
+        text=True,
+        env=ray_env(),
+        timeout=60,
     )
     return proc.returncode == 0
+
+
+def ray_temp_dir(settings: Settings) -> Path:
+    """This service home's own Ray temp dir. Short, under the system temp dir: Ray puts unix
+    sockets in it, whose paths may not exceed 107 bytes."""
+    digest = hashlib.sha256(str(settings.home.resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"agent-service-ray-{digest}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ray_processes(temp_dir: str) -> list[psutil.Process]:
+    """The processes of the Ray node started with ``temp_dir``: its daemons (they name the
+    temp dir in their arguments), the rest of their process group (the client server does
+    not), and every descendant (workers and Serve replicas, which run in groups of their
+    own under the raylet)."""
+    daemons = []
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if any(temp_dir in arg for arg in args):
+            daemons.append(proc)
+    groups: set[int] = set()
+    for proc in daemons:
+        try:
+            groups.add(os.getpgid(proc.pid))
+        except ProcessLookupError:
+            continue
+    groups.discard(os.getpgid(0))  # never our own group
+    found = {proc.pid: proc for proc in daemons}
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) in groups:
+                found[proc.pid] = proc
+        except (ProcessLookupError, psutil.Error):
+            continue
+    for proc in list(found.values()):
+        try:
+            found.update({child.pid: child for child in proc.children(recursive=True)})
+        except psutil.Error:
+            continue
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def stop_ray_node(temp_dir: str, grace_s: float = 10.0) -> int:
+    """SIGTERM the Ray node started with ``temp_dir``, SIGKILL what is left after
+    ``grace_s``; returns how many processes were stopped."""
+    procs = ray_processes(temp_dir)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=5)
+    return len(procs)
 
 
 def use_local_llm(settings: Settings) -> bool:
@@ -215,13 +296,28 @@ def start_simulators(settings: Settings, state: RunState) -> None:
 
 
 def start_ray(settings: Settings, state: RunState) -> None:
-    if ray_running():
-        state.notes.append("reusing the running Ray cluster")
+    """Start this service's own Ray head (loopback only), or reuse the one it started before,
+    or use the cluster ``RAY_ADDRESS`` names. A cluster that merely runs on this machine is
+    never adopted: stopping the service must not stop someone else's work."""
+    operator_address = os.environ.get("RAY_ADDRESS", "")
+    if operator_address:
+        if not ray_running(operator_address):
+            raise RunnerError(f"RAY_ADDRESS={operator_address}: no Ray cluster answers there")
+        state.notes.append(f"using the Ray cluster at RAY_ADDRESS={operator_address}")
         return
+    if state.started_ray and state.ray_address and ray_running(state.ray_address):
+        state.notes.append(f"reusing the Ray head started earlier ({state.ray_address})")
+        return
+    temp_dir = ray_temp_dir(settings)
+    port = _free_port()
     cmd = [
         _bin("ray"),
         "start",
         "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        f"--ray-client-server-port={_free_port()}",
+        f"--temp-dir={temp_dir}",
         f"--num-cpus={settings.ray_num_cpus}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={settings.ray_dashboard_port}",
@@ -232,8 +328,11 @@ def start_ray(settings: Settings, state: RunState) -> None:
         cmd, capture_output=True, text=True, env=ray_env(), cwd=PROJECT_ROOT, timeout=180
     )
     if proc.returncode != 0:
+        stop_ray_node(str(temp_dir))  # whatever half-started
         raise RunnerError(f"`ray start` failed:\n{proc.stderr[-2000:]}")
     state.started_ray = True
+    state.ray_address = f"127.0.0.1:{port}"
+    state.ray_temp_dir = str(temp_dir)
 
 
 def serve_deploy(config: dict[str, Any], settings: Settings) -> None:
@@ -241,7 +340,7 @@ def serve_deploy(config: dict[str, Any], settings: Settings) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)  # it may hold the provider key
     proc = subprocess.run(
-        [_bin("serve"), "deploy", str(path)],
+        [_bin("serve"), "deploy", str(path), f"--address={_dashboard_address(settings)}"],
         capture_output=True,
         text=True,
         env=ray_env(),
@@ -282,17 +381,28 @@ def serve(settings: Settings, *, simulators: bool, local_llm: bool | None) -> Ru
     return state
 
 
+def _dashboard_address(settings: Settings) -> str:
+    return os.environ.get("RAY_DASHBOARD_ADDRESS") or (
+        f"http://127.0.0.1:{settings.ray_dashboard_port}"
+    )
+
+
 def stop(settings: Settings) -> list[str]:
     state = load_state(settings)
     done: list[str] = []
-    if ray_running():
+    ours = state.started_ray and state.ray_address and ray_running(state.ray_address)
+    if ours or os.environ.get("RAY_ADDRESS"):
         subprocess.run(
-            [_bin("serve"), "shutdown", "-y"], capture_output=True, env=ray_env(), timeout=120
+            [_bin("serve"), "shutdown", "-y", f"--address={_dashboard_address(settings)}"],
+            capture_output=True,
+            env=ray_env(),
+            timeout=120,
         )
         done.append("Serve applications shut down")
-        if state.started_ray:
-            subprocess.run([_bin("ray"), "stop"], capture_output=True, env=ray_env(), timeout=120)
-            done.append("Ray stopped")
+    if state.started_ray and state.ray_temp_dir:
+        stopped = stop_ray_node(state.ray_temp_dir)
+        if stopped:
+            done.append(f"Ray head stopped ({stopped} processes; other Ray clusters untouched)")
     if state.simulator_pid:
         try:
             os.killpg(state.simulator_pid, signal.SIGTERM)
