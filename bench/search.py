@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from pgvector.asyncpg import register_vector
 
-from retrieval.store import HYBRID_SQL, PgDocumentStore
+from retrieval.store import DEFAULT_KEYWORD_COMMON_ROWS, HYBRID_SQL, PgDocumentStore
 from serve_app.config import load_settings
 from serve_app.database import (
     ensure_database_exists,
@@ -38,6 +39,7 @@ from serve_app.database import (
 )
 
 DIM = 384
+KEYWORD_COMMON_ROWS = int(os.environ.get("KEYWORD_COMMON_ROWS", DEFAULT_KEYWORD_COMMON_ROWS))
 # A Zipf-distributed vocabulary, as in real text: the most frequent ranks are the English stop
 # words of PostgreSQL's english.stop (the 'english' configuration drops them, as it would in
 # real documents and queries); the rest are content words, a few common and most rare.
@@ -300,13 +302,17 @@ async def run_size(
     t0 = time.perf_counter()
     await load(url, corpus, rng)
     load_s = time.perf_counter() - t0
-    store = await PgDocumentStore.connect(url, embedding_dim=DIM, min_size=1, max_size=1)
+    store = await PgDocumentStore.connect(
+        url, embedding_dim=DIM, min_size=1, max_size=1, keyword_common_rows=KEYWORD_COMMON_ROWS
+    )
     exact_conn = await asyncpg.connect(url)
     await register_vector(exact_conn)
     # The exact-scan baseline: same statement, ANN index off, distinct SQL text so no cached
     # plan from the indexed runs is reused (NOTES.md pitfall).
     await exact_conn.execute("SET enable_indexscan = off; SET plan_cache_mode = force_custom_plan")
     exact_sql = "/* exact */ " + HYBRID_SQL
+    common = await store.common_words()
+    print(f"  {len(common)} common words (in more than {KEYWORD_COMMON_ROWS} chunks)", flush=True)
     rows: list[dict[str, Any]] = []
     try:
         if corpus.query_vectors is not None and corpus.query_texts is not None:
@@ -346,7 +352,7 @@ async def run_size(
                 recalls.append(len(got & truth) / max(1, len(truth)))
                 if qi < min(queries, 40):
                     start = time.perf_counter()
-                    await exact_conn.fetch(exact_sql, vec, ["*", *held], 40, qtexts[qi], 40)
+                    await exact_conn.fetch(exact_sql, vec, ["*", *held], 40, qtexts[qi], 40, common)
                     exact_lat.append((time.perf_counter() - start) * 1000)
             rows.append(
                 {
@@ -364,11 +370,14 @@ async def run_size(
     finally:
         await exact_conn.close()
         await store.close()
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        if os.environ.get("BENCH_KEEP_DB") == "1":
+            print(f"kept database {name} (BENCH_KEEP_DB=1): {url}", flush=True)
+        else:
+            conn = await asyncpg.connect(admin_url)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await conn.close()
     return rows
 
 

@@ -13,6 +13,7 @@ rank in each list; fusion (RRF) happens in Python (``retrieval.fusion``).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -97,6 +98,25 @@ class DocumentStore(Protocol):
 # $2 is the caller's entries plus PUBLIC_ACL_SENTINEL (see the migration's acl_match column).
 ACL_PREDICATE = "c.acl_match && $2::text[]"
 PUBLIC_ACL_SENTINEL = "*"
+# A query word in more chunks than this does not select keyword candidates by itself (it
+# still counts in the rank): bounds the keyword side's work (bench/search.py, real text).
+DEFAULT_KEYWORD_COMMON_ROWS = 2000
+
+# Words found in more than $1 chunks, from the planner's statistics of chunks.tsv (kept by
+# ANALYZE and autovacuum; none on a small or never-analyzed table).
+COMMON_WORDS_SQL = """
+SELECT e.lexeme
+FROM pg_stats s
+CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs)
+    AS e(lexeme, freq)
+WHERE s.schemaname = current_schema() AND s.tablename = 'chunks' AND s.attname = 'tsv'
+  AND e.lexeme IS NOT NULL
+  AND e.freq * (SELECT greatest(r.reltuples, 0) FROM pg_class r
+                WHERE r.oid = 'chunks'::regclass) > $1::int
+ORDER BY e.lexeme
+"""
+# How long a store trusts its list of common words before reading the statistics again.
+COMMON_WORDS_TTL_S = 300.0
 
 HYBRID_SQL = f"""
 WITH vec AS MATERIALIZED (
@@ -107,17 +127,35 @@ WITH vec AS MATERIALIZED (
     LIMIT $3
 ), vec_ranked AS (
     SELECT id, distance, row_number() OVER (ORDER BY distance, id) AS rank FROM vec
+), parsed AS (
+    SELECT t, strpos(t, '!') > 0 AS negated, words
+    FROM (SELECT websearch_to_tsquery('english', $4)::text AS t,
+                 tsvector_to_array(to_tsvector('english', $4)) AS words) AS w
+), split AS (
+    SELECT t, negated,
+           -- Questions are sentences: rank by ANY of their words (ts_rank_cd ranks chunks
+           -- with more of them, closer together, higher). Quoted phrases keep their <->
+           -- operators; a query with a negation (-word) keeps websearch's AND semantics.
+           CASE WHEN negated THEN t::tsquery ELSE replace(t, ' & ', ' | ')::tsquery END AS any_q,
+           -- $6: the corpus's common words (PgDocumentStore.common_words)
+           ARRAY(SELECT x FROM unnest(words) AS x WHERE x = ANY($6::text[])) AS common_words,
+           ARRAY(SELECT x FROM unnest(words) AS x WHERE NOT x = ANY($6::text[])) AS rare_words
+    FROM parsed
+), kwq AS MATERIALIZED (
+    -- Which chunks get ranked: common words do not select chunks on their own (ranking
+    -- every chunk that has one is what made keyword search slow on large corpora, and they
+    -- say little), but they still count in the rank. If every word is common, all must match.
+    SELECT any_q AS rank_q,
+           CASE WHEN negated OR cardinality(common_words) = 0 THEN any_q
+                WHEN cardinality(rare_words) > 0 THEN
+                    (SELECT string_agg(quote_literal(x), ' | ') FROM unnest(rare_words) AS x)
+                        ::tsquery
+                ELSE t::tsquery END AS select_q
+    FROM split
 ), kw AS MATERIALIZED (
-    SELECT c.id, ts_rank_cd(c.tsv, q.query, 32) AS score
-    FROM chunks c, (
-        -- Questions are sentences: match ANY of their words (ts_rank_cd ranks chunks with
-        -- more of them, closer together, higher). Quoted phrases keep their <-> operators;
-        -- a query with a negation (-word) keeps websearch's AND semantics.
-        SELECT CASE WHEN strpos(t, '!') > 0 THEN t::tsquery
-                    ELSE replace(t, ' & ', ' | ')::tsquery END
-        FROM (SELECT websearch_to_tsquery('english', $4)::text AS t) AS w
-    ) AS q(query)
-    WHERE c.tsv @@ q.query AND {ACL_PREDICATE}
+    SELECT c.id, ts_rank_cd(c.tsv, q.rank_q, 32) AS score
+    FROM chunks c, kwq q
+    WHERE c.tsv @@ q.select_q AND {ACL_PREDICATE}
     ORDER BY score DESC, c.id
     LIMIT $5
 ), kw_ranked AS (
@@ -151,8 +189,26 @@ def session_settings(ef_search: int) -> dict[str, str]:
 
 
 class PgDocumentStore:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS
+    ) -> None:
         self._pool = pool
+        self._keyword_common_rows = keyword_common_rows
+        self._common_words: list[str] = []
+        self._common_words_read_at = -COMMON_WORDS_TTL_S  # monotonic seconds
+
+    async def common_words(self, *, refresh: bool = False) -> list[str]:
+        """Query words too common to select keyword candidates on their own: found in more
+        than ``keyword_common_rows`` chunks. Read from the statistics at most every
+        ``COMMON_WORDS_TTL_S`` (one extra statement then), so a search stays one statement."""
+        if self._keyword_common_rows <= 0:
+            return []
+        now = time.monotonic()
+        if refresh or now - self._common_words_read_at >= COMMON_WORDS_TTL_S:
+            rows = await self._pool.fetch(COMMON_WORDS_SQL, self._keyword_common_rows)
+            self._common_words = [r["lexeme"] for r in rows]
+            self._common_words_read_at = now
+        return self._common_words
 
     @classmethod
     async def connect(
@@ -163,6 +219,7 @@ class PgDocumentStore:
         min_size: int = 1,
         max_size: int = 10,
         ef_search: int = 200,
+        keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS,
     ) -> PgDocumentStore:
         """Open a pool, refusing a store whose schema or dimension does not match."""
         conn = await asyncpg.connect(url)
@@ -179,7 +236,9 @@ class PgDocumentStore:
             server_settings=session_settings(ef_search),
         )
         assert pool is not None
-        return cls(pool)
+        store = cls(pool, keyword_common_rows=keyword_common_rows)
+        await store.common_words()
+        return store
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -278,7 +337,13 @@ class PgDocumentStore:
         held = [PUBLIC_ACL_SENTINEL, *(entry for entry in acl if "\x00" not in entry)]
         query_text = query_text.replace("\x00", " ")
         rows = await self._pool.fetch(
-            HYBRID_SQL, query_vector, held, k_vector, query_text, k_keyword
+            HYBRID_SQL,
+            query_vector,
+            held,
+            k_vector,
+            query_text,
+            k_keyword,
+            await self.common_words(),
         )
         return [
             Candidate(

@@ -137,6 +137,15 @@ class Settings(BaseSettings):
     top_k_final: int = Field(default=5, ge=1, le=50)
     rrf_k: int = Field(default=60, ge=1, le=10_000)
     hnsw_ef_search: int = Field(default=200, ge=1, le=1000)
+    keyword_common_rows: int = Field(
+        default=2000,
+        ge=0,
+        description=(
+            "A query word found in more chunks than this (by the planner's statistics) does "
+            "not select keyword candidates on its own; it still counts in their rank. Bounds "
+            "keyword search on large corpora. 0: off."
+        ),
+    )
     chunk_max_tokens: int = Field(default=200, ge=16, le=8192)
 
     # --- ingestion ---

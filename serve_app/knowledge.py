@@ -40,6 +40,7 @@ async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDo
         min_size=settings.db_pool_min_size,
         max_size=settings.db_pool_max_size,
         ef_search=settings.hnsw_ef_search,
+        keyword_common_rows=settings.keyword_common_rows,
     )
 
 
@@ -101,6 +102,7 @@ class LazyStore:
                     min_size=settings.db_pool_min_size,
                     max_size=settings.db_pool_max_size,
                     ef_search=settings.hnsw_ef_search,
+                    keyword_common_rows=settings.keyword_common_rows,
                 )
             return self._store
 

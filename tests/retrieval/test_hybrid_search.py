@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -221,3 +222,58 @@ async def test_a_negated_word_keeps_and_semantics(retriever: HybridRetriever) ->
         if cand.keyword_rank is not None:
             text = (cand.section + " " + cand.text).lower()
             assert "cooldown" in text and "alert" not in text
+
+
+async def _keyword_hits(
+    store: PgDocumentStore, query: str, vec: np.ndarray[Any, np.dtype[np.float32]]
+) -> list[str]:
+    cands = await store.hybrid_candidates(query, vec, ["domain:all"], k_vector=1, k_keyword=100)
+    ranked = sorted(
+        (c for c in cands if c.keyword_rank is not None), key=lambda c: c.keyword_rank or 0
+    )
+    return [c.chunk_id for c in ranked]
+
+
+async def test_common_words_rank_but_do_not_select_keyword_candidates(db_url: str) -> None:
+    """A word in more chunks than keyword_common_rows (by the planner's statistics) does not
+    pull every chunk that has it into the ranking, but still ranks the chunks a rarer word
+    selected; a query of common words only still requires them all; 0 turns it off."""
+    vec = np.zeros(384, dtype=np.float32)
+    vec[0] = 1.0
+    texts = {f"common-{i}": f"building occupancy report number {i}" for i in range(60)}
+    texts["common-7"] = "building occupancy humidity report"
+    texts["rare-only"] = "humidity threshold"
+    texts["other"] = "occupancy heatmap"
+    chunks = [
+        ChunkRecord(cid, i, text, "", "prose", 4, vec)
+        for i, (cid, text) in enumerate(texts.items())
+    ]
+    setup = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=1)
+    try:
+        await setup.write_document(DocumentRecord("kw.md", None, "h", "f", ["domain:all"], chunks))
+        await setup.pool.execute("ANALYZE chunks")
+    finally:
+        await setup.close()
+
+    store = await PgDocumentStore.connect(
+        db_url, embedding_dim=384, max_size=1, keyword_common_rows=20
+    )
+    off = await PgDocumentStore.connect(
+        db_url, embedding_dim=384, max_size=1, keyword_common_rows=0
+    )
+    try:
+        # "building" (60 chunks) is common; "humidity" selects, "building" ranks common-7 first.
+        assert await _keyword_hits(store, "building humidity", vec) == ["common-7", "rare-only"]
+        # Turned off: every chunk with either word is ranked, as before.
+        everything = await _keyword_hits(off, "building humidity", vec)
+        assert everything[0] == "common-7" and len(everything) == 61
+        # Common words only: all must match (nothing that has just one of them).
+        both = await _keyword_hits(store, "building occupancy", vec)
+        assert set(both) == {f"common-{i}" for i in range(60)}
+        # A negation keeps websearch's AND semantics.
+        assert await _keyword_hits(store, "humidity -building", vec) == ["rare-only"]
+        # Rare words only: unchanged.
+        assert await _keyword_hits(store, "heatmap", vec) == ["other"]
+    finally:
+        await store.close()
+        await off.close()

@@ -578,7 +578,8 @@ def test_the_property_catches_planted_bugs(
     import serve_app.identity
 
     if mutant == "keyword_side_unfiltered":
-        broken = HYBRID_SQL.replace(f"c.tsv @@ q.query AND {ACL_PREDICATE}", "c.tsv @@ q.query")
+        keyword_filter = "c.tsv @@ q.select_q"
+        broken = HYBRID_SQL.replace(f"{keyword_filter} AND {ACL_PREDICATE}", keyword_filter)
         assert broken != HYBRID_SQL
         monkeypatch.setattr(retrieval.store, "HYBRID_SQL", broken)
     else:
