@@ -61,7 +61,7 @@ def docstrings() -> Iterator[str]:
 
 def paragraphs(doc: str) -> Iterator[str]:
     for block in re.split(r"\n\s*\n", doc):
-        words = WHITESPACE.sub(" ", block).strip().split(" ")
+        words = WHITESPACE.sub(" ", block.replace("\x00", " ")).strip().split(" ")
         if len(words) >= MIN_WORDS:
             yield " ".join(words[:MAX_WORDS])
 
