@@ -100,7 +100,7 @@ ACL_PREDICATE = "c.acl_match && $2::text[]"
 PUBLIC_ACL_SENTINEL = "*"
 # A query word in more chunks than this does not select keyword candidates by itself (it
 # still counts in the rank): bounds the keyword side's work (bench/search.py, real text).
-DEFAULT_KEYWORD_COMMON_ROWS = 2000
+DEFAULT_KEYWORD_COMMON_ROWS = 1000
 
 # Words found in more than $1 chunks, from the planner's statistics of chunks.tsv (kept by
 # ANALYZE and autovacuum; none on a small or never-analyzed table).

@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     rrf_k: int = Field(default=60, ge=1, le=10_000)
     hnsw_ef_search: int = Field(default=200, ge=1, le=1000)
     keyword_common_rows: int = Field(
-        default=2000,
+        default=1000,  # retrieval.store.DEFAULT_KEYWORD_COMMON_ROWS
         ge=0,
         description=(
             "A query word found in more chunks than this (by the planner's statistics) does "
