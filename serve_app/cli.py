@@ -446,7 +446,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
 
 # --- bench ---
 
-NOT_BENCHMARKS = {"__init__", "loadgen"}  # bench/ modules that are libraries, not benchmarks
+NOT_BENCHMARKS = {"__init__", "loadgen", "text_corpus"}  # bench/ libraries, not benchmarks
 
 
 def bench_root() -> Path:
