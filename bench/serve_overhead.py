@@ -23,20 +23,15 @@ import base64
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
 from bench.loadgen import LoadResult, run_load
+from bench.stack import LLM_PORT, agent_env, local_serve, scripted_world, single_process_baseline
 
 MODEL_DELAY_MS = 200
 PROVIDER_MS = 2 * MODEL_DELAY_MS
-SERVE_PORT, BASELINE_PORT = 8013, 8014
-TWIN_PORT, SENSOR_PORT, LLM_PORT = 8121, 8122, 8123
 STAFF = {
     "x-gateway-claims": base64.b64encode(
         json.dumps(
@@ -126,69 +121,30 @@ def main() -> None:
         f"Serve {spec}": dict(pair.split("=", 1) for pair in spec.split(",")) for spec in args.also
     }
 
-    import ray
     from ray import serve
 
     from serve_app.app import build_app
 
-    env = {
-        "LLM_BASE_URL": f"http://127.0.0.1:{LLM_PORT}/v1",
-        "LLM_API_KEY": "bench",
-        "ANSWER_MODEL": "local/scripted",
-        "TWIN_SERVICE_URL": f"http://127.0.0.1:{TWIN_PORT}",
-        "SENSOR_SERVICE_URL": f"http://127.0.0.1:{SENSOR_PORT}",
-        "HF_HUB_OFFLINE": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = agent_env()
     os.environ.update(env)
-    script = Path(tempfile.mkdtemp()) / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    py = sys.executable
-    world = subprocess.Popen(
-        [
-            py,
-            "-m",
-            "local_world",
-            "--twin-port",
-            str(TWIN_PORT),
-            "--sensor-port",
-            str(SENSOR_PORT),
-            "--llm-port",
-            str(LLM_PORT),
-            "--llm-script",
-            str(script),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    baseline = subprocess.Popen(
-        [py, "-m", "serve_app.api.single_process", "--port", str(BASELINE_PORT)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **env},
-    )
-    targets = {
-        "Serve app": f"http://127.0.0.1:{SERVE_PORT}",
-        "single process": f"http://127.0.0.1:{BASELINE_PORT}",
-    }
-    for i, name in enumerate(variants):
-        targets[name] = f"http://127.0.0.1:{SERVE_PORT}/v{i}"
-    results: dict[str, dict[str, list[LoadResult]]] = {t: {"c": [], "one": []} for t in targets}
+    results: dict[str, dict[str, list[LoadResult]]] = {}
     provider: list[LoadResult] = []
-    try:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": SERVE_PORT},
-            logging_config={"enable_access_log": False, "log_level": "WARNING"},
-        )
+    ideal = args.concurrency / (PROVIDER_MS / 1000)
+    with (
+        scripted_world(SCRIPT),
+        single_process_baseline(env) as baseline_url,
+        local_serve() as serve_url,
+    ):
+        targets = {"Serve app": serve_url, "single process": baseline_url}
+        for i, name in enumerate(variants):
+            targets[name] = f"{serve_url}/v{i}"
+        results = {t: {"c": [], "one": []} for t in targets}
         serve.run(build_app(), name="agent", route_prefix="/")
         for i, variant_env in enumerate(variants.values()):
             serve.run(build_app({"env": variant_env}), name=f"v{i}", route_prefix=f"/v{i}")
         for url in targets.values():
             wait_ready(url)
             ask(url, args.concurrency, 2 * args.concurrency)  # warm-up (and autoscaling)
-        ideal = args.concurrency / (PROVIDER_MS / 1000)
         print(
             f"provider time {PROVIDER_MS} ms per question; concurrency {args.concurrency}: "
             f"ideal {ideal:.0f} req/s; {args.rounds} rounds of {args.requests} requests",
@@ -208,13 +164,6 @@ def main() -> None:
                 )
             provider.append(provider_alone(targets["Serve app"], 30))
             print(f"round {round_ + 1} provider alone   c=1: {provider[-1].line()}", flush=True)
-    finally:
-        if ray.is_initialized():
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()
-        for proc in (baseline, world):
-            proc.terminate()
-            proc.wait(timeout=30)
 
     def med(name: str, kind: str, value: str) -> float:
         return float(statistics.median(float(getattr(r, value)) for r in results[name][kind]))

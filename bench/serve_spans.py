@@ -22,29 +22,16 @@ own span tree (parent minus children), then the p50 of each piece over the reque
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
 import httpx
 
-from bench.serve_overhead import (
-    BASELINE_PORT,
-    LLM_PORT,
-    SCRIPT,
-    SENSOR_PORT,
-    SERVE_PORT,
-    STAFF,
-    TWIN_PORT,
-    wait_ready,
-)
+from bench.serve_overhead import SCRIPT, STAFF, wait_ready
+from bench.stack import agent_env, local_serve, scripted_world, single_process_baseline
 from local_world.otlp_collector import CollectedSpan, OtlpCollector, create_otlp_app
 from local_world.servers import run_in_thread
 
@@ -132,64 +119,29 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import ray
     from ray import serve
 
     from serve_app.app import build_app
 
     collector = OtlpCollector()
-    script = Path(tempfile.mkdtemp()) / "script.json"
-    script.write_text(json.dumps({**SCRIPT, "delay_ms": args.model_delay_ms}))
-    py = sys.executable
+    results: dict[str, dict[str, float]] = {}
     with run_in_thread(create_otlp_app(collector)) as otlp_url:
-        env = {
-            "LLM_BASE_URL": f"http://127.0.0.1:{LLM_PORT}/v1",
-            "LLM_API_KEY": "bench",
-            "ANSWER_MODEL": "local/scripted",
-            "TWIN_SERVICE_URL": f"http://127.0.0.1:{TWIN_PORT}",
-            "SENSOR_SERVICE_URL": f"http://127.0.0.1:{SENSOR_PORT}",
-            "HF_HUB_OFFLINE": "1",
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "LOG_LEVEL": "WARNING",
-            "OBSERVE_PAYLOADS": "false",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
+        env = agent_env(
+            OBSERVE_PAYLOADS="false",
+            OTEL_EXPORTER_OTLP_ENDPOINT=otlp_url,
             **dict(pair.split("=", 1) for pair in args.env),
-        }
-        os.environ.update(env)
-        world = subprocess.Popen(
-            [py, "-m", "local_world", "--twin-port", str(TWIN_PORT), "--sensor-port",
-             str(SENSOR_PORT), "--llm-port", str(LLM_PORT), "--llm-script", str(script)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        baseline = subprocess.Popen(
-            [py, "-m", "serve_app.api.single_process", "--port", str(BASELINE_PORT)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, **env},
         )
-        targets = {
-            "Serve app": f"http://127.0.0.1:{SERVE_PORT}",
-            "single process": f"http://127.0.0.1:{BASELINE_PORT}",
-        }
-        results: dict[str, dict[str, float]] = {}
-        try:
-            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-            serve.start(
-                http_options={"host": "127.0.0.1", "port": SERVE_PORT},
-                logging_config={"enable_access_log": False, "log_level": "WARNING"},
-            )
+        os.environ.update(env)
+        with (
+            scripted_world({**SCRIPT, "delay_ms": args.model_delay_ms}),
+            single_process_baseline(env) as baseline_url,
+            local_serve() as serve_url,
+        ):
+            targets = {"Serve app": serve_url, "single process": baseline_url}
             serve.run(build_app(), name="agent", route_prefix="/")
             for name, url in targets.items():
                 wait_ready(url)
                 results[name] = measure(url, collector, args.requests)
-        finally:
-            if ray.is_initialized():
-                serve.shutdown()  # type: ignore[no-untyped-call]
-                ray.shutdown()
-            for proc in (baseline, world):
-                proc.terminate()
-                proc.wait(timeout=30)
 
     print(
         f"p50 of each piece over {args.requests} sequential requests "

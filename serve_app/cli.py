@@ -446,7 +446,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
 
 # --- bench ---
 
-NOT_BENCHMARKS = {"__init__", "loadgen", "text_corpus"}  # bench/ libraries, not benchmarks
+NOT_BENCHMARKS = {"__init__", "loadgen", "stack", "text_corpus"}  # bench/ libraries
 
 
 def bench_root() -> Path:

@@ -170,9 +170,18 @@ def test_ray_data_job_and_local_executor_agree(db_url: str, tmp_path: Path) -> N
 def test_bench_lists_the_benchmarks_with_their_summaries() -> None:
     code, out = run_cli(["bench", "--list"])
     assert code == EXIT_OK
-    for name in ("search", "ingest", "serve_overhead", "reranker", "local_llm", "autoscaling"):
+    for name in (
+        "search",
+        "ingest",
+        "serve_overhead",
+        "serve_spans",
+        "reranker",
+        "local_llm",
+        "autoscaling",
+    ):
         assert f"  {name} " in out
-    assert "loadgen" not in out and "text_corpus" not in out  # libraries of the benchmarks
+    for library in ("loadgen", "stack", "text_corpus"):  # libraries of the benchmarks
+        assert f"  {library} " not in out
     assert "Hybrid search latency" in out  # bench/search.py's first docstring line
     assert run_cli(["bench"]) == (EXIT_OK, out)
 
