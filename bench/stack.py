@@ -46,9 +46,9 @@ def scripted_world(script: Mapping[str, Any]) -> Iterator[None]:
     path = Path(tempfile.mkdtemp()) / "script.json"
     path.write_text(json.dumps(script))
     ports = ["--twin-port", str(TWIN_PORT), "--sensor-port", str(SENSOR_PORT)]
+    llm = ["--llm-port", str(LLM_PORT), "--llm-script", str(path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "local_world", *ports, "--llm-port", str(LLM_PORT)]
-        + ["--llm-script", str(path)],
+        [sys.executable, "-m", "local_world", *ports, *llm],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
