@@ -29,20 +29,15 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bench.loadgen import LoadResult, run_load
-from bench.serve_overhead import STAFF, wait_ready
+from bench.serve_overhead import SCRIPT, STAFF, wait_ready
+from bench.stack import agent_env, local_serve, scripted_world
 
-SERVE_PORT = 8016
-TWIN_PORT, SENSOR_PORT, LLM_PORT = 8131, 8132, 8133
 APP = "agent"
 DEPLOYMENTS = ("Ingress", "AgentLoop", "ToolProxy", "Retriever", "Reranker")
 SCALED = ("AgentLoop", "ToolProxy", "Retriever")
@@ -174,25 +169,12 @@ def main() -> None:
         parser.error("--steps: positive concurrencies, e.g. 1,8,32,64,8,1")
 
     push = str(args.push_interval_s)
-    env = {
-        "LLM_BASE_URL": f"http://127.0.0.1:{LLM_PORT}/v1",
-        "LLM_API_KEY": "bench",
-        "ANSWER_MODEL": "local/scripted",
-        "TWIN_SERVICE_URL": f"http://127.0.0.1:{TWIN_PORT}",
-        "SENSOR_SERVICE_URL": f"http://127.0.0.1:{SENSOR_PORT}",
-        "HF_HUB_OFFLINE": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "LOG_LEVEL": "WARNING",
+    env = agent_env(
         # Read when Serve's modules are imported in the controller, proxy and replicas.
-        "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": push,
-        "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": push,
-    }
+        RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S=push,
+        RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S=push,
+    )
     os.environ.update(env)
-
-    import ray
-    from ray import serve
-
-    from serve_app.app import build_app
 
     per_deployment: dict[str, dict[str, Any]] = {
         name: {
@@ -211,98 +193,73 @@ def main() -> None:
         for name in SCALED
     }
 
-    script = Path(tempfile.mkdtemp()) / "script.json"
-    script.write_text(
-        json.dumps(
-            {
-                "mode": "loop",
-                "delay_ms": args.model_delay_ms,
-                "steps": [
-                    {
-                        "tool_calls": [
-                            {"name": "search_docs", "arguments": {"query": "alert cooldown"}}
-                        ]
-                    },
-                    {"text": "Alerts repeat at most once per cooldown."},
-                ],
-            }
-        )
-    )
-    world = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "local_world",
-            "--twin-port",
-            str(TWIN_PORT),
-            "--sensor-port",
-            str(SENSOR_PORT),
-            "--llm-port",
-            str(LLM_PORT),
-            "--llm-script",
-            str(script),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{SERVE_PORT}"
     timeline = Timeline()
     stop = threading.Event()
     thread = threading.Thread(target=sampler, args=(timeline, stop), daemon=True)
     step_results: list[tuple[int, float, float, LoadResult]] = []  # (conc, start, end, result)
-    try:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": SERVE_PORT},
-            logging_config={"enable_access_log": False, "log_level": "WARNING"},
-        )
-        serve.run(build_app({"per_deployment": per_deployment}), name=APP, route_prefix="/")
-        wait_ready(url)
-        asyncio.run(  # warm-up at concurrency 1 (models loaded, pools open)
-            run_load(
-                f"{url}/ask", lambda i: {"question": f"warm {i}"}, STAFF, concurrency=1, requests=5
-            )
-        )
-        print_settings(args, steps, per_deployment)
-        timeline.started = time.perf_counter()
-        thread.start()
-        for concurrency in steps:
-            timeline.concurrency = concurrency
-            start = time.perf_counter() - timeline.started
-            result = asyncio.run(
-                run_load(
-                    f"{url}/ask",
-                    lambda i: {"question": f"bench question {i}"},
-                    STAFF,
-                    concurrency=concurrency,
-                    requests=10**9,
-                    seconds=args.step_seconds,
-                    on_result=timeline.record,
-                )
-            )
-            step_results.append(
-                (concurrency, start, time.perf_counter() - timeline.started, result)
-            )
-        timeline.concurrency = 0
-        cooldown_end = time.perf_counter() + args.cooldown_seconds
-        settled = 0
-        while time.perf_counter() < cooldown_end and settled < 3:
-            time.sleep(1.0)
-            last = timeline.rows[-1].replicas if timeline.rows else {}
-            at_min = all(last.get(name, (0, 0, 0)) == (1, 0, 0) for name in SCALED)
-            settled = settled + 1 if at_min else 0
-    finally:
-        stop.set()
-        if thread.is_alive():
-            thread.join(timeout=10)
-        if ray.is_initialized():
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()
-        world.terminate()
-        world.wait(timeout=30)
+    with (
+        scripted_world({**SCRIPT, "delay_ms": args.model_delay_ms}),
+        local_serve() as url,
+    ):
+        try:
+            run_ramp(url, args, steps, per_deployment, timeline, thread, step_results)
+        finally:
+            stop.set()
+            if thread.is_alive():
+                thread.join(timeout=10)
 
     summarize(timeline, step_results)
     print_settings(args, steps, per_deployment)
+
+
+def run_ramp(
+    url: str,
+    args: argparse.Namespace,
+    steps: list[int],
+    per_deployment: dict[str, dict[str, Any]],
+    timeline: Timeline,
+    thread: threading.Thread,
+    step_results: list[tuple[int, float, float, LoadResult]],
+) -> None:
+    """Deploy the app with ``per_deployment``, warm it up, then run the concurrency steps and
+    wait (up to ``--cooldown-seconds``) for the scaled deployments to return to 1 replica."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    serve.run(build_app({"per_deployment": per_deployment}), name=APP, route_prefix="/")
+    wait_ready(url)
+    asyncio.run(  # warm-up at concurrency 1 (models loaded, pools open)
+        run_load(
+            f"{url}/ask", lambda i: {"question": f"warm {i}"}, STAFF, concurrency=1, requests=5
+        )
+    )
+    print_settings(args, steps, per_deployment)
+    timeline.started = time.perf_counter()
+    thread.start()
+    for concurrency in steps:
+        timeline.concurrency = concurrency
+        start = time.perf_counter() - timeline.started
+        result = asyncio.run(
+            run_load(
+                f"{url}/ask",
+                lambda i: {"question": f"bench question {i}"},
+                STAFF,
+                concurrency=concurrency,
+                requests=10**9,
+                seconds=args.step_seconds,
+                on_result=timeline.record,
+            )
+        )
+        step_results.append((concurrency, start, time.perf_counter() - timeline.started, result))
+    timeline.concurrency = 0
+    cooldown_end = time.perf_counter() + args.cooldown_seconds
+    settled = 0
+    while time.perf_counter() < cooldown_end and settled < 3:
+        time.sleep(1.0)
+        last = timeline.rows[-1].replicas if timeline.rows else {}
+        at_min = all(last.get(name, (0, 0, 0)) == (1, 0, 0) for name in SCALED)
+        settled = settled + 1 if at_min else 0
 
 
 def print_settings(
