@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
 import os
 import statistics
 import time
@@ -29,16 +27,11 @@ import httpx
 
 from bench.loadgen import LoadResult, run_load
 from bench.stack import LLM_PORT, agent_env, local_serve, scripted_world, single_process_baseline
+from local_world.claims import claims_headers
 
 MODEL_DELAY_MS = 200
 PROVIDER_MS = 2 * MODEL_DELAY_MS
-STAFF = {
-    "x-gateway-claims": base64.b64encode(
-        json.dumps(
-            {"sub": "bench", "memberships": [{"domain": "northwind", "role": "business_staff"}]}
-        ).encode()
-    ).decode()
-}
+STAFF = claims_headers("bench", [("northwind", "business_staff")])
 SCRIPT = {
     "mode": "loop",
     "delay_ms": MODEL_DELAY_MS,

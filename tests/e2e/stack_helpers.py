@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from bench.loadgen import LoadResult
+from local_world.claims import claims_headers
 
 if TYPE_CHECKING:
     from local_world._service import ServiceControl
@@ -549,3 +550,8 @@ def run_load_with(
 
     asyncio.run(main())
     return run
+
+
+def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
+    """Headers of a mesh-authenticated caller (``(domain, role)`` memberships)."""
+    return claims_headers(sub, memberships)

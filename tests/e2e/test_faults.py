@@ -14,7 +14,6 @@ TWIN_TIMEOUT_SECONDS=1, and two replicas each of AgentLoop and ToolProxy."""
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import os
@@ -29,6 +28,7 @@ import pytest
 from tests.e2e.stack_helpers import (
     AgentStack,
     agent_stack,
+    claims,
     replica_actors,
     run_load_with,
     running_replicas,
@@ -36,11 +36,6 @@ from tests.e2e.stack_helpers import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
-    payload = {"sub": sub, "memberships": [{"domain": d, "role": r} for d, r in memberships]}
-    return {"x-gateway-claims": base64.b64encode(json.dumps(payload).encode()).decode()}
 
 
 STAFF = claims("u-staff", ("northwind", "business_staff"))

@@ -13,8 +13,6 @@ every request after that succeeds."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import signal
 import time
@@ -25,6 +23,7 @@ import pytest
 from tests.e2e.stack_helpers import (
     AgentStack,
     agent_stack,
+    claims,
     replica_actors,
     run_load_with,
     running_replicas,
@@ -33,13 +32,7 @@ from tests.e2e.stack_helpers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-STAFF = {
-    "x-gateway-claims": base64.b64encode(
-        json.dumps(
-            {"sub": "u-staff", "memberships": [{"domain": "northwind", "role": "business_staff"}]}
-        ).encode()
-    ).decode()
-}
+STAFF = claims("u-staff", ("northwind", "business_staff"))
 HARBOR = "bld-northwind-harbor"
 SPREAD = ("Ingress", "AgentLoop", "ToolProxy")  # two replicas each, one per node
 TARGETS = {**dict.fromkeys(SPREAD, 2), "Retriever": 1, "Reranker": 1}

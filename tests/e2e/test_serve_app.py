@@ -20,16 +20,11 @@ from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import build_world
-from tests.e2e.stack_helpers import free_port, ray_cluster, scoped_environ, wait_ready
+from tests.e2e.stack_helpers import claims, free_port, ray_cluster, scoped_environ, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
-    payload = {"sub": sub, "memberships": [{"domain": d, "role": r} for d, r in memberships]}
-    return {"x-gateway-claims": base64.b64encode(json.dumps(payload).encode()).decode()}
 
 
 EVAL_SECRET = "e2e-eval-secret-0123456789abcdef"

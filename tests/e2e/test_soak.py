@@ -8,8 +8,6 @@ the requests served."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +18,7 @@ from tests.e2e.stack_helpers import (
     AgentStack,
     ProcessUsage,
     agent_stack,
+    claims,
     process_usage,
     proxy_actors,
     replica_actors,
@@ -36,13 +35,7 @@ MAX_GROWTH_MB = 200.0
 MAX_GROWTH_SHARE = 0.5
 MAX_FD_GROWTH = CONCURRENCY  # pools may still settle; a leak per request would be thousands
 
-STAFF = {
-    "x-gateway-claims": base64.b64encode(
-        json.dumps(
-            {"sub": "u-soak", "memberships": [{"domain": "northwind", "role": "business_staff"}]}
-        ).encode()
-    ).decode()
-}
+STAFF = claims("u-soak", ("northwind", "business_staff"))
 QUESTIONS = (
     "Soak: what is Harbor Warehouse?",  # get_building: AgentLoop -> ToolProxy -> twin
     "Soak: which sensors does Harbor Warehouse have?",  # list_sensors: twin and sensor

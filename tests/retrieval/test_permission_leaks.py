@@ -69,6 +69,7 @@ from retrieval.store import ACL_PREDICATE, HYBRID_SQL, PgDocumentStore
 from serve_app.config import ROLE_WEIGHTS, Settings
 from serve_app.identity import MAX_CLAIMS_HEADER_CHARS, AuthUser
 from tests.ingest_jobs.corpus import HashedEmbedder
+from tests.serve_app.api.api_helpers import parse_sse_text
 
 pytestmark = pytest.mark.integration
 
@@ -788,20 +789,6 @@ def textual(answer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_sse(text: str) -> list[tuple[str, Any]]:
-    events: list[tuple[str, Any]] = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        name, data = "message", []
-        for line in block.split("\n"):
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-        if data:
-            events.append((name, json.loads("\n".join(data))))
-    return events
-
-
 @dataclass
 class AskWorld:
     scripted_url: str
@@ -992,7 +979,7 @@ def _collect(response: Any, how: str) -> tuple[dict[str, Any], str]:
         assert body["decision"] == "provider_error", body
         return body, ""
     assert response.status_code == 200, response.text
-    events = parse_sse(response.text)
+    events = parse_sse_text(response.text)
     assert events and events[-1][0] == "done", events[-1:]
     answer = events[-1][1]
     rest = [
