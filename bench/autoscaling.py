@@ -225,7 +225,7 @@ def run_ramp(
     wait (up to ``--cooldown-seconds``) for the scaled deployments to return to 1 replica."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from deployments.graph import build_app
 
     serve.run(build_app({"per_deployment": per_deployment}), name=APP, route_prefix="/")
     wait_ready(url)

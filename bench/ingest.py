@@ -26,6 +26,13 @@ from pathlib import Path
 
 import asyncpg
 
+from foundation.database import (
+    ensure_database_exists,
+    migrate,
+    resolve_database_url,
+    with_database,
+)
+from foundation.settings import load_settings
 from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens, run_ingest
 from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
 from retrieval.embedders import (
@@ -36,13 +43,6 @@ from retrieval.embedders import (
 )
 from retrieval.search import embedding_input
 from retrieval.store import PgDocumentStore
-from serve_app.config import load_settings
-from serve_app.database import (
-    ensure_database_exists,
-    migrate,
-    resolve_database_url,
-    with_database,
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -167,7 +167,7 @@ def compare(args: argparse.Namespace) -> None:
     from ray import serve
 
     from deployments.local_llm import build_local_llm_app
-    from serve_app.config import load_settings
+    from foundation.settings import load_settings
     from serve_app.local_llm.model_files import ensure_model_file
     from serve_app.local_llm.server import LocalLLMServer
     from serve_app.local_llm.settings import LocalLLMSettings
@@ -277,7 +277,7 @@ def ask_ttft(args: argparse.Namespace) -> None:
     roles = [r for r in args.ask_roles.split(",") if r]
     domains = [d for d in args.ask_domains.split(",") if d]
     if args.ask_token == "mint":
-        from serve_app.auth import mint_eval_token
+        from foundation.eval_tokens import mint_eval_token
 
         secret = os.environ.get("EVAL_JWT_SECRET", "")
         if not secret:

@@ -33,14 +33,14 @@ import numpy as np
 import numpy.typing as npt
 from pgvector.asyncpg import register_vector
 
-from retrieval.store import DEFAULT_KEYWORD_COMMON_ROWS, HYBRID_SQL, PgDocumentStore
-from serve_app.config import load_settings
-from serve_app.database import (
+from foundation.database import (
     ensure_database_exists,
     migrate,
     resolve_database_url,
     with_database,
 )
+from foundation.settings import load_settings
+from retrieval.store import DEFAULT_KEYWORD_COMMON_ROWS, HYBRID_SQL, PgDocumentStore
 
 DIM = 384
 KEYWORD_COMMON_ROWS = int(os.environ.get("KEYWORD_COMMON_ROWS", DEFAULT_KEYWORD_COMMON_ROWS))

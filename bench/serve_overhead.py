@@ -116,7 +116,7 @@ def main() -> None:
 
     from ray import serve
 
-    from serve_app.app import build_app
+    from deployments.graph import build_app
 
     env = agent_env()
     os.environ.update(env)

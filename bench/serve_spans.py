@@ -121,7 +121,7 @@ def main() -> None:
 
     from ray import serve
 
-    from serve_app.app import build_app
+    from deployments.graph import build_app
 
     collector = OtlpCollector()
     results: dict[str, dict[str, float]] = {}

@@ -50,7 +50,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
+    from deployments.graph import build_app
 
     llm = ScriptedLLM()
     llm.script(

@@ -2,5 +2,5 @@
 
     Ingress (FastAPI) -> AgentLoop -> ToolProxy -> Retriever -> Reranker
 
-Each is composed in ``serve_app.app.build_app``; its Serve options (replicas, autoscaling,
+Each is composed in ``deployments.graph.build_app``; its Serve options (replicas, autoscaling,
 CPUs, concurrency) are defaults here and set for real in ``serve_config.yaml``."""

@@ -13,21 +13,18 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
+from agent.answer import AgentAnswer, AgentEvent, DoneEvent
+from agent.llm.base import ToolCall, ToolSpec
+from agent.tools.executor import ToolRequest
+from agent.tools.registry import ToolOutcome, parse_arguments
 from deployments.metrics import RayServeMetrics
-from serve_app.agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from serve_app.agent.llm.base import ToolCall, ToolSpec
-from serve_app.agent.llm.openai_client import build_llm_client
-from serve_app.agent.loop import Agent
-from serve_app.agent.tools import build_default_registry
-from serve_app.agent.tools.executor import ToolRequest
-from serve_app.agent.tools.registry import ToolOutcome, parse_arguments
-from serve_app.api.backend import ReadinessCheck
-from serve_app.config import load_settings
-from serve_app.identity import AuthUser
-from serve_app.observability.metrics import MetricsSink, answer_measurements
-from serve_app.observability.setup import configure_observability
-from serve_app.readiness import provider_check
-from serve_app.tracing import use_context
+from foundation.identity import AuthUser
+from foundation.observability.setup import configure_observability
+from foundation.settings import load_settings
+from foundation.tracing import use_context
+from serve_app.metrics import MetricsSink, answer_measurements
+from serve_app.readiness import ReadinessCheck, provider_check
+from serve_app.wiring import build_agent, build_llm_client, tool_registry
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +91,10 @@ class AgentLoopDeployment:
         self.settings = settings
         self.metrics: MetricsSink = RayServeMetrics()
         self._tool_proxy = tool_proxy
-        self.agent = Agent(
+        self.agent = build_agent(
+            settings,
             llm=build_llm_client(settings),
-            tools=HandleToolExecutor(tool_proxy, build_default_registry().specs()),
-            settings=settings,
+            tools=HandleToolExecutor(tool_proxy, tool_registry(settings).specs()),
         )
 
     async def answer(

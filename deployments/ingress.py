@@ -24,22 +24,21 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from serve_app.agent.answer import AgentAnswer, AgentEvent
+from agent.answer import AgentAnswer, AgentEvent
+from foundation.identity import AuthUser
+from foundation.observability.setup import configure_observability
+from foundation.settings import Settings, load_settings
 from serve_app.api.app import create_app
-from serve_app.api.backend import (
+from serve_app.authz import load_authorizer
+from serve_app.backend import (
     AskParams,
     BackendError,
     BackendTimeout,
     IngestRequest,
     IngestRun,
     IngestStatus,
-    Readiness,
-    ReadinessCheck,
 )
-from serve_app.authz import load_authorizer
-from serve_app.config import Settings, load_settings
-from serve_app.identity import AuthUser
-from serve_app.observability.setup import configure_observability
+from serve_app.readiness import Readiness, ReadinessCheck
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0

@@ -47,11 +47,11 @@ from fastapi.responses import Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 from serve_app.local_llm.proxy import ReplyHead, UpstreamProxy
 from serve_app.local_llm.router import ModelBackend, ModelRouter, RoutedLLM
 from serve_app.local_llm.server import LocalLLMServer
 from serve_app.local_llm.settings import LocalLLMSettings
-from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 
 APP_NAME = "llm"
 DEPLOYMENT_NAME = "LocalLLM"

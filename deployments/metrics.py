@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from ray.serve import metrics
 
-from serve_app.observability.metrics import ALL_METRICS, Measurement
+from serve_app.metrics import ALL_METRICS, Measurement
 
 
 class RayServeMetrics:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from ray import serve
 
+from foundation.observability.setup import configure_observability
+from foundation.settings import load_settings
 from retrieval.rerankers import CrossEncoderReranker, build_reranker
-from serve_app.config import load_settings
-from serve_app.observability.setup import configure_observability
 
 
 @serve.deployment(

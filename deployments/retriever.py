@@ -12,16 +12,16 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.metrics import RayServeMetrics
+from foundation.observability.setup import configure_observability
+from foundation.settings import load_settings
+from foundation.tracing import use_context
 from retrieval.embedders import Embedder, Vectors, build_embedder
 from retrieval.rerankers import NoopReranker, Reranker
 from retrieval.search import HybridRetriever, SearchHit
-from serve_app.api.backend import ReadinessCheck
-from serve_app.config import load_settings
-from serve_app.knowledge import LazyStore, retrieval_config
-from serve_app.observability.metrics import MetricsSink, retrieval_measurement
-from serve_app.observability.setup import configure_observability
-from serve_app.readiness import lazy_store_checks
-from serve_app.tracing import use_context
+from serve_app.knowledge import LazyStore
+from serve_app.metrics import MetricsSink, retrieval_measurement
+from serve_app.readiness import ReadinessCheck, lazy_store_checks
+from serve_app.wiring import retrieval_config
 
 
 class _HandleReranker:

@@ -10,17 +10,16 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from agent.llm.base import ToolCall
+from agent.tools.executor import ToolRequest
+from agent.tools.registry import ToolOutcome
+from foundation.observability.setup import configure_observability
+from foundation.settings import load_settings
+from foundation.tracing import inject_current
 from retrieval.search import SearchHit
-from serve_app.agent.llm.base import ToolCall
-from serve_app.agent.tools import build_default_registry
-from serve_app.agent.tools.downstream import Downstream
-from serve_app.agent.tools.executor import LocalToolExecutor, ToolRequest
-from serve_app.agent.tools.registry import ToolOutcome
-from serve_app.api.backend import ReadinessCheck
 from serve_app.authz import load_authorizer
-from serve_app.config import load_settings
-from serve_app.observability.setup import configure_observability
-from serve_app.tracing import inject_current
+from serve_app.readiness import ReadinessCheck
+from serve_app.wiring import build_downstream, local_tool_executor
 
 
 class _HandleRetriever:
@@ -49,10 +48,9 @@ class ToolProxyDeployment:
         settings = load_settings()
         configure_observability(settings, "ToolProxy")
         self._retriever = retriever
-        self.executor = LocalToolExecutor(
-            build_default_registry(timeout_seconds=settings.resolved_tool_timeout_seconds),
-            downstream=Downstream.from_settings(settings),
-            settings=settings,
+        self.executor = local_tool_executor(
+            settings,
+            downstream=build_downstream(settings),
             authorizer=load_authorizer(),
             retriever=_HandleRetriever(retriever),
         )

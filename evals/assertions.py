@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from serve_app.agent.answer import AgentAnswer
+from agent.answer import AgentAnswer
 
 if TYPE_CHECKING:
     from evals.dataset import Keywords, Row, ToolsCalled

@@ -11,7 +11,8 @@ import argparse
 import asyncio
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -21,8 +22,12 @@ from rich.console import Console
 
 from evals.dataset import DEFAULT_DATASET, Dataset, DatasetError, load_datasets
 from evals.judge import JudgeConfig
+from evals.retrieval_eval import SearchRetriever
 from evals.runner import EvalConfigError, EvalRun, exit_code
-from serve_app.config import Settings, SettingsError
+from foundation.settings import Settings, SettingsError
+
+# Opens the knowledge base for --retrieval (the CLI passes serve_app.wiring.opened_retriever).
+RetrieverOpener = Callable[[Settings], AbstractAsyncContextManager[SearchRetriever]]
 
 REPORTS_ROOT = Path("evals/reports")
 
@@ -113,7 +118,13 @@ def _judge_config(options: EvalOptions, dataset: Dataset, settings: Settings) ->
         raise EvalUsageError(str(exc)) from None
 
 
-def run_eval_command(options: EvalOptions, settings: Settings, out: TextIO) -> int:
+def run_eval_command(
+    options: EvalOptions,
+    settings: Settings,
+    out: TextIO,
+    *,
+    open_retriever: RetrieverOpener | None = None,
+) -> int:
     """Run the subcommand; returns the exit code (0/1) or raises ``EvalUsageError``."""
     options.check()
     try:
@@ -125,7 +136,9 @@ def run_eval_command(options: EvalOptions, settings: Settings, out: TextIO) -> i
     console = Console(file=out, width=None if out.isatty() else 140)
     try:
         if options.retrieval:
-            return _retrieval(options, dataset, settings, console)
+            if open_retriever is None:
+                raise EvalUsageError("--retrieval needs a knowledge base (run it from the CLI)")
+            return _retrieval(options, dataset, settings, console, open_retriever)
         if options.rescore:
             return _rescore(options, dataset, console)
         if options.models:
@@ -240,20 +253,21 @@ def _sweep(
     return max(exit_code(run, strict=options.strict) for run in runs)
 
 
-def _retrieval(options: EvalOptions, dataset: Dataset, settings: Settings, console: Console) -> int:
+def _retrieval(
+    options: EvalOptions,
+    dataset: Dataset,
+    settings: Settings,
+    console: Console,
+    open_retriever: RetrieverOpener,
+) -> int:
     from evals.retrieval_eval import RetrievalReport, retrieval_markdown, run_retrieval_eval
-    from serve_app.knowledge import build_retriever, open_store
 
     if not any(case.row.cited_sources for case in dataset.cases):
         raise EvalUsageError("no selected row has cited_sources: nothing to measure")
 
     async def go() -> RetrievalReport:
-        store = await open_store(settings)
-        try:
-            retriever = build_retriever(settings, store)
+        async with open_retriever(settings) as retriever:
             return await run_retrieval_eval(dataset, retriever, k=options.k)
-        finally:
-            await store.close()
 
     report = asyncio.run(go())
     text = retrieval_markdown(report)

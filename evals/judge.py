@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evals.dataset import Row
-from serve_app.agent.llm.base import (
+from agent.llm.base import (
     ChatRequest,
     ChatResult,
     LLMClient,
@@ -28,8 +27,9 @@ from serve_app.agent.llm.base import (
     Message,
     ProviderRejected,
 )
-from serve_app.agent.usage import PriceTable, default_price_table
-from serve_app.config import Settings
+from agent.usage import PriceTable, default_price_table
+from evals.dataset import Row
+from foundation.settings import Settings
 
 JUDGE_MAX_OUTPUT_TOKENS = 400
 MAX_ANSWER_CHARS = 6000
@@ -348,8 +348,8 @@ class JudgeConfig:
         """JUDGE_MODEL at JUDGE_BASE_URL (default LLM_BASE_URL) with the provider API key.
 
         Raises ``SettingsError`` when a remote judge has no key."""
-        from serve_app.agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY
-        from serve_app.config import SettingsError
+        from agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY
+        from foundation.settings import SettingsError
 
         base_url = settings.judge_base_url or settings.llm_base_url
         key = settings.llm_api_key.get_secret_value().strip() if settings.llm_api_key else ""
@@ -370,7 +370,7 @@ class JudgeConfig:
         )
 
     def build(self) -> Judge:
-        from serve_app.agent.llm.openai_client import OpenAICompatibleClient
+        from agent.llm.openai_client import OpenAICompatibleClient
 
         client = OpenAICompatibleClient(
             base_url=self.base_url,

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from evals.assertions import source_matches
 from evals.dataset import Dataset, Identity
-from serve_app.identity import AuthUser
+from foundation.identity import AuthUser
 
 MAX_SEARCH_DEPTH = 50  # search_docs' top_k ceiling
 

@@ -33,12 +33,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from agent.answer import AgentAnswer
 from evals.assertions import AssertionResult, score_row
 from evals.dataset import Case, Dataset, Identity
 from evals.judge import Judge, JudgeOutcome, JudgeStats, Verdict, same_family
-from serve_app.agent.answer import AgentAnswer
-from serve_app.auth import mint_eval_token
-from serve_app.config import Settings
+from foundation.eval_tokens import mint_eval_token
+from foundation.settings import Settings
 
 READY_TIMEOUT_SECONDS = 10.0
 TOKEN_TTL_SECONDS = 6 * 3600

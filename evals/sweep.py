@@ -18,7 +18,7 @@ from evals.dataset import Dataset
 from evals.judge import JudgeConfig
 from evals.report import fmt_ms, fmt_rate, fmt_usd, md_cell
 from evals.runner import EvalRun, Status, run_eval
-from serve_app.config import Settings
+from foundation.settings import Settings
 
 TASK_CPUS = 0.25
 

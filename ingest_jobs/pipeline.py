@@ -26,6 +26,9 @@ from typing import Any, Literal
 import numpy as np
 from opentelemetry import context as otel_context
 
+from foundation.observability import attributes as attr
+from foundation.observability.spans import tracer
+from foundation.settings import Settings
 from ingest_jobs.sources import (
     PreparedSource,
     SkippedSource,
@@ -38,9 +41,6 @@ from ingest_jobs.sources import (
 from retrieval.embedders import Embedder, build_embedder, resolve_local_model
 from retrieval.search import embedding_input
 from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore
-from serve_app.config import Settings
-from serve_app.observability import attributes as attr
-from serve_app.observability.spans import tracer
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class _EmbedActor:
     """Ray Data actor-pool callable: one embedder per actor, a batch of chunks per call."""
 
     def __init__(self, settings_env: dict[str, str], threads: int) -> None:
-        from serve_app.config import load_settings
+        from foundation.settings import load_settings
 
         os.environ.update(settings_env)
         # Ray sets OMP_NUM_THREADS to the actor's CPU request (1), which halves torch's encode

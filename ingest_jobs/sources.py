@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from retrieval.acl import AclError, parse_acl
+from foundation.acl import AclError, parse_acl
 from retrieval.chunking import (
     FrontMatterError,
     SourceDecodeError,

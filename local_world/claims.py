@@ -8,7 +8,7 @@ base64 JSON. Two payload shapes exist:
 * the eval tool's flat shape: ``{"sub": str, "roles": [str, ...], "domains": [str, ...]}``
 
 Both flatten to the same :class:`Claims` (``sub``, ``roles``, ``domains``). Visibility follows
-the fleet's weighted role hierarchy (``serve_app/roles.json``): a caller holding a role of
+the fleet's weighted role hierarchy (``foundation/roles.json``): a caller holding a role of
 weight 100 (``admin``) sees every domain; everyone else sees only the domains they are a
 member of.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.config import ROLE_WEIGHTS
+from foundation.roles import ROLE_WEIGHTS
 
 HEADER = "x-gateway-claims"
 MAX_HEADER_CHARS = 16 * 1024

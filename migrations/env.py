@@ -1,5 +1,5 @@
 """Alembic environment: the URL and the embedding dimension come from the caller
-(``serve_app.database.migrate``) through ``config.attributes``, never from a file."""
+(``foundation.database.migrate``) through ``config.attributes``, never from a file."""
 
 from __future__ import annotations
 

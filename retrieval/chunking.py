@@ -11,7 +11,7 @@ Three steps, each usable on its own:
     YAML front matter sits between a first line ``---`` and the next line that is ``---``
     (trailing whitespace allowed on both). It is parsed with ``yaml.safe_load`` and never
     becomes part of the body. ``title`` must be a string and ``permissions`` a list of strings
-    (kept raw; :func:`retrieval.acl.parse_acl` validates the entries); ``permissions: null``
+    (kept raw; :func:`foundation.acl.parse_acl` validates the entries); ``permissions: null``
     counts as a wrong type rather than "absent", so a half-written ACL is never silently
     replaced by the folder default. The front matter must be a mapping; an opening ``---``
     with no closing line is an error too (better than indexing an ACL as text). Other keys go

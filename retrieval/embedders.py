@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from serve_app.config import Settings
+from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
 

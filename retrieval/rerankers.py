@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from serve_app.config import Settings
+from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
 

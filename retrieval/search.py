@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 from opentelemetry import context as otel_context
 
+from foundation.observability import attributes as attr
+from foundation.observability.spans import Observer, tracer
 from retrieval.embedders import Embedder
 from retrieval.fusion import rrf_score
 from retrieval.rerankers import Reranker
 from retrieval.store import Candidate, DocumentStore
-from serve_app.observability import attributes as attr
-from serve_app.observability.spans import Observer, tracer
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import asyncpg
 import numpy as np
 from pgvector.asyncpg import register_vector
 
-from serve_app.database import check_schema
+from foundation.database import check_schema
 
 WriteOutcome = Literal["new", "replaced"]
 

@@ -29,22 +29,20 @@ says what was wrong and never echoes the credential or the secret. Malformed inp
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import jwt
 from fastapi import Depends, Request
 from pydantic import SecretStr
 
-from serve_app.config import Settings
-from serve_app.identity import CLAIMS_HEADER, AuthUser, IdentityError
+from foundation.eval_tokens import EVAL_JWT_ALGORITHM, secret_value
+from foundation.identity import CLAIMS_HEADER, AuthUser, IdentityError
+from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
 
 EVAL_TOKEN_COOKIE = "authentication_token"
-EVAL_JWT_ALGORITHM = "HS256"
 MAX_TOKEN_CHARS = 8 * 1024
 CLOCK_SKEW_SECONDS = 10
 MIN_SECRET_BYTES = 32  # RFC 7518 3.2: an HS256 key at least as long as the hash
@@ -89,7 +87,7 @@ def authenticate(
 
 def verify_eval_token(token: str, secret: SecretStr | str | None) -> AuthUser:
     """Verify an eval token (HS256 with ``secret``) and normalise its claims."""
-    key = _secret_value(secret)
+    key = secret_value(secret)
     if not key:
         raise AuthenticationError(
             "token authentication is disabled on this server (EVAL_JWT_SECRET is unset); "
@@ -132,34 +130,6 @@ def verify_eval_token(token: str, secret: SecretStr | str | None) -> AuthUser:
         raise AuthenticationError(f"invalid token claims: {exc}") from None
 
 
-def mint_eval_token(
-    secret: SecretStr | str,
-    sub: str,
-    roles: Sequence[str] = (),
-    domains: Sequence[str] = (),
-    ttl: float | timedelta = 3600,
-    *,
-    now: float | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> str:
-    """An eval token for evals and tests: HS256, flat ``roles``/``domains``, ``iat``/``exp``
-    (``ttl`` seconds from ``now``). ``extra`` claims are merged last (e.g. ``nbf``)."""
-    key = _secret_value(secret)
-    if not key:
-        raise ValueError("mint_eval_token needs a non-empty secret")
-    issued = time.time() if now is None else now
-    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
-    payload: dict[str, Any] = {
-        "sub": sub,
-        "roles": list(roles),
-        "domains": list(domains),
-        "iat": int(issued),
-        "exp": int(issued + seconds),
-    }
-    payload.update(extra or {})
-    return jwt.encode(payload, key, algorithm=EVAL_JWT_ALGORITHM)
-
-
 def warn_if_auth_disabled(settings: Settings) -> None:
     """Startup warnings: authentication off, or a weak eval secret."""
     if not settings.require_auth:
@@ -170,7 +140,7 @@ def warn_if_auth_disabled(settings: Settings) -> None:
             banner,
             banner,
         )
-    key = _secret_value(settings.eval_jwt_secret)
+    key = secret_value(settings.eval_jwt_secret)
     if key:
         log.warning(
             "EVAL_JWT_SECRET is set: self-minted HS256 eval tokens are accepted "
@@ -204,13 +174,6 @@ CurrentUser = Annotated[AuthUser, Depends(require_user)]
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _secret_value(secret: SecretStr | str | None) -> str:
-    if secret is None:
-        return ""
-    value = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
-    return value.strip()
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -252,6 +215,6 @@ def _token(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | None
 
 def _missing_message(settings: Settings) -> str:
     message = f"authentication required: send the {CLAIMS_HEADER} header"
-    if _secret_value(settings.eval_jwt_secret):
+    if secret_value(settings.eval_jwt_secret):
         message += f", or an eval token as a Bearer token or the {EVAL_TOKEN_COOKIE} cookie"
     return message

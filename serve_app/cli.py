@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from serve_app.config import Settings, SettingsError, load_settings
+from foundation.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("agent_service")
 
@@ -40,7 +40,7 @@ def _csv(value: str | None) -> list[str]:
 
 
 def _configure_logging(settings: Settings, verbose: bool) -> None:
-    from serve_app.observability.setup import configure_logging
+    from foundation.observability.setup import configure_logging
 
     level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
     configure_logging(settings, level=level)
@@ -59,7 +59,7 @@ def _configure_logging(settings: Settings, verbose: bool) -> None:
 
 
 async def _db_up(settings: Settings) -> dict[str, Any]:
-    from serve_app.database import head_revision, migrate, redact, resolve_database_url
+    from foundation.database import head_revision, migrate, redact, resolve_database_url
 
     url = await resolve_database_url(settings)
     migrate(url, settings.resolved_embedding_dim)
@@ -74,7 +74,7 @@ async def _db_up(settings: Settings) -> dict[str, Any]:
 async def _db_status(settings: Settings) -> dict[str, Any]:
     import asyncpg
 
-    from serve_app.database import head_revision, redact, resolve_database_url, schema_state
+    from foundation.database import head_revision, redact, resolve_database_url, schema_state
 
     url = await resolve_database_url(settings)
     conn = await asyncpg.connect(url)
@@ -101,7 +101,7 @@ async def _db_status(settings: Settings) -> dict[str, Any]:
 async def _db_reset(settings: Settings) -> dict[str, Any]:
     import asyncpg
 
-    from serve_app.database import migrate, redact, resolve_database_url
+    from foundation.database import migrate, redact, resolve_database_url
 
     url = await resolve_database_url(settings)
     conn = await asyncpg.connect(url)
@@ -122,7 +122,7 @@ async def _db_reset(settings: Settings) -> dict[str, Any]:
 
 def cmd_db(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     if args.action == "down":
-        from serve_app.database import stop_embedded
+        from foundation.database import stop_embedded
 
         if settings.database_url:
             raise CliError("DATABASE_URL is set: `db down` only stops the embedded server")
@@ -147,11 +147,11 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from foundation.acl import parse_acl
+    from foundation.observability.setup import configure_observability, flush_observability
     from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
-    from retrieval.acl import parse_acl
     from retrieval.embedders import build_embedder
-    from serve_app.knowledge import open_store
-    from serve_app.observability.setup import configure_observability, flush_observability
+    from serve_app.wiring import open_store
 
     # The run is its own trace (ingest.run); exported before the process exits.
     configure_observability(settings, "ingest")
@@ -250,8 +250,8 @@ def _hit_row(hit: Any) -> dict[str, object]:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
-    from retrieval.acl import caller_entries
-    from serve_app.knowledge import build_retriever, open_store
+    from foundation.acl import caller_entries
+    from serve_app.wiring import build_retriever, open_store
 
     if not args.query and not args.batch:
         raise CliError("give a QUERY or --batch FILE.jsonl")
@@ -437,9 +437,12 @@ def _ask_stream(
 
 def cmd_eval(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     from evals.command import EvalOptions, EvalUsageError, run_eval_command
+    from serve_app.wiring import opened_retriever
 
     try:
-        return run_eval_command(EvalOptions.from_namespace(args), settings, out)
+        return run_eval_command(
+            EvalOptions.from_namespace(args), settings, out, open_retriever=opened_retriever
+        )
     except EvalUsageError as exc:
         raise CliError(str(exc)) from None
 
@@ -700,9 +703,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"agent-service: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(settings, args.verbose)
-    from retrieval.acl import AclError
+    from foundation.acl import AclError
+    from foundation.database import DatabaseError
     from retrieval.embedders import EmbedderError
-    from serve_app.database import DatabaseError
 
     try:
         code: int = args.handler(args, settings, stream)

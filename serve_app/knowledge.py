@@ -1,7 +1,4 @@
-"""Wiring for the knowledge base: open the configured store, build the retriever.
-
-Used by the CLI, the ingestion job and (later) the Serve deployments, so every entry point
-applies the same checks (schema at head, embedding dimension)."""
+"""``LazyStore``: the knowledge base opened on first use (and again after a failure)."""
 
 from __future__ import annotations
 
@@ -11,10 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.acl import caller_entries
-from retrieval.embedders import Embedder, build_embedder
-from retrieval.rerankers import Reranker, build_reranker
-from retrieval.search import HybridRetriever, RetrievalConfig
+from foundation.database import resolve_database_url
+from foundation.settings import Settings
 from retrieval.store import (
     Candidate,
     DocumentRecord,
@@ -22,18 +17,10 @@ from retrieval.store import (
     StoredDocument,
     WriteOutcome,
 )
-from serve_app.config import Settings
-from serve_app.database import migrate, resolve_database_url
 
 
-async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDocumentStore:
-    """Connect to DATABASE_URL (or the embedded server, started on demand).
-
-    Raises ``DatabaseError`` with an actionable message when the schema is missing or its
-    dimension differs from EMBEDDING_DIM."""
-    url = await resolve_database_url(settings)
-    if migrate_first:
-        migrate(url, settings.resolved_embedding_dim)
+async def connect_store(settings: Settings, url: str) -> PgDocumentStore:
+    """A pool on ``url``; checks the schema is at head with EMBEDDING_DIM."""
     return await PgDocumentStore.connect(
         url,
         embedding_dim=settings.resolved_embedding_dim,
@@ -41,32 +28,6 @@ async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDo
         max_size=settings.db_pool_max_size,
         ef_search=settings.hnsw_ef_search,
         keyword_common_rows=settings.keyword_common_rows,
-    )
-
-
-def retrieval_config(settings: Settings) -> RetrievalConfig:
-    return RetrievalConfig(
-        top_k_vector=settings.top_k_vector,
-        top_k_keyword=settings.top_k_keyword,
-        top_k_rerank=settings.top_k_rerank,
-        top_k_final=settings.top_k_final,
-        rrf_k=settings.rrf_k,
-        observe_payloads=settings.observe_payloads,
-    )
-
-
-def build_retriever(
-    settings: Settings,
-    store: PgDocumentStore,
-    *,
-    embedder: Embedder | None = None,
-    reranker: Reranker | None = None,
-) -> HybridRetriever:
-    return HybridRetriever(
-        store,
-        embedder or build_embedder(settings),
-        reranker or build_reranker(settings),
-        retrieval_config(settings),
     )
 
 
@@ -95,15 +56,7 @@ class LazyStore:
             return self._store
         async with self._lock:
             if self._store is None:
-                settings = self._settings
-                self._store = await PgDocumentStore.connect(
-                    await self.url(),
-                    embedding_dim=settings.resolved_embedding_dim,
-                    min_size=settings.db_pool_min_size,
-                    max_size=settings.db_pool_max_size,
-                    ef_search=settings.hnsw_ef_search,
-                    keyword_common_rows=settings.keyword_common_rows,
-                )
+                self._store = await connect_store(self._settings, await self.url())
             return self._store
 
     async def documents(self) -> dict[str, StoredDocument]:
@@ -138,4 +91,4 @@ class LazyStore:
             await store.close()
 
 
-__all__ = ["LazyStore", "build_retriever", "caller_entries", "open_store", "retrieval_config"]
+__all__ = ["LazyStore", "connect_store"]

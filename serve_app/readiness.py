@@ -6,13 +6,26 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pydantic import BaseModel
+
+from foundation.database import DatabaseError, check_schema
+from foundation.settings import Settings
 from retrieval.store import PgDocumentStore
-from serve_app.api.backend import ReadinessCheck
-from serve_app.config import Settings
-from serve_app.database import DatabaseError, check_schema
 from serve_app.knowledge import LazyStore
 
 log = logging.getLogger(__name__)
+
+
+class ReadinessCheck(BaseModel):
+    name: str  # "database", "schema", "embedding_dim", "provider", ...
+    ok: bool
+    detail: str | None = None
+
+
+class Readiness(BaseModel):
+    ready: bool
+    checks: list[ReadinessCheck]
+
 
 CHECK_TIMEOUT_SECONDS = 3.0
 

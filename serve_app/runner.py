@@ -31,7 +31,7 @@ import httpx
 import psutil
 import yaml
 
-from serve_app.config import Settings
+from foundation.settings import Settings
 from serve_app.local_llm.settings import LOCAL_MODEL_PREFIX, LocalLLMConfigError, LocalLLMSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -60,11 +60,11 @@ def pg_admin_url() -> Iterator[str]:
     """The maintenance URL of an embedded PostgreSQL that lives for the test session.
 
     Its data directory is reused between sessions (initdb is most of a cold start)."""
-    from serve_app.database import start_embedded
+    from foundation.database import start_embedded
 
     server = start_embedded(TEST_HOME)
     yield server.admin_url
-    from serve_app.database import stop_embedded
+    from foundation.database import stop_embedded
 
     stop_embedded(TEST_HOME)
 
@@ -72,7 +72,7 @@ def pg_admin_url() -> Iterator[str]:
 async def _create_database(admin_url: str, name: str) -> None:
     import asyncpg
 
-    from serve_app.database import asyncpg_url
+    from foundation.database import asyncpg_url
 
     conn = await asyncpg.connect(asyncpg_url(admin_url))
     try:
@@ -84,7 +84,7 @@ async def _create_database(admin_url: str, name: str) -> None:
 async def _drop_database(admin_url: str, name: str) -> None:
     import asyncpg
 
-    from serve_app.database import asyncpg_url
+    from foundation.database import asyncpg_url
 
     conn = await asyncpg.connect(asyncpg_url(admin_url))
     try:
@@ -96,7 +96,7 @@ async def _drop_database(admin_url: str, name: str) -> None:
 def _ensure_server() -> None:
     """(Re)start the session's server if it is down: a test that stops it (the /readyz
     one) must not take every later test with it."""
-    from serve_app.database import start_embedded
+    from foundation.database import start_embedded
 
     start_embedded(TEST_HOME)
 
@@ -104,7 +104,7 @@ def _ensure_server() -> None:
 @pytest.fixture
 async def empty_db_url(pg_admin_url: str) -> AsyncIterator[str]:
     """A brand-new, unmigrated database; dropped afterwards."""
-    from serve_app.database import with_database
+    from foundation.database import with_database
 
     _ensure_server()
     name = f"t_{uuid.uuid4().hex[:12]}"
@@ -116,7 +116,7 @@ async def empty_db_url(pg_admin_url: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def db_url(empty_db_url: str) -> str:
     """A fresh database migrated to head with vector(384)."""
-    from serve_app.database import migrate
+    from foundation.database import migrate
 
     await asyncio.to_thread(migrate, empty_db_url, 384)
     return empty_db_url
@@ -132,7 +132,7 @@ def minilm() -> object:
 
 @pytest.fixture
 def settings_factory(tmp_path: Path) -> object:
-    from serve_app.config import Settings
+    from foundation.settings import Settings
 
     def make(**overrides: object) -> Settings:
         values: dict[str, object] = {"agent_service_home": tmp_path / "home"}
@@ -146,10 +146,10 @@ def settings_factory(tmp_path: Path) -> object:
 async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[str]:
     """A database holding the sample documentation/ tree, ingested once per test session with
     the folder ACLs from the default DOC_ROOTS. Tests only read it."""
+    from foundation.database import migrate, with_database
+    from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
-    from serve_app.config import Settings
-    from serve_app.database import migrate, with_database
 
     _ensure_server()
     name = f"t_docs_{uuid.uuid4().hex[:10]}"
@@ -185,8 +185,8 @@ def _span_memory() -> Any:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from serve_app.config import Settings
-    from serve_app.observability.setup import build_provider
+    from foundation.observability.setup import build_provider
+    from foundation.settings import Settings
 
     memory = InMemorySpanExporter()
     current = trace.get_tracer_provider()

@@ -47,7 +47,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from serve_app.api.backend import ApiBackend
+from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
+from foundation.settings import Settings
 from serve_app.api.errors import install_error_handlers
 from serve_app.api.middleware import (
     REQUEST_ID_HEADER,
@@ -57,8 +58,7 @@ from serve_app.api.middleware import (
 from serve_app.api.routes import ask, health, ingest
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
-from serve_app.config import Settings
-from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
+from serve_app.backend import ApiBackend
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 API_TITLE = "agent-service"

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from serve_app.api.backend import ApiBackend
+from foundation.identity import AuthUser
 from serve_app.api.errors import ApiError
 from serve_app.auth import CurrentUser, SettingsDep, get_settings, require_user
 from serve_app.authz import CedarAuthorizer
-from serve_app.identity import AuthUser
+from serve_app.backend import ApiBackend
 
 __all__ = [
     "AuthorizerDep",

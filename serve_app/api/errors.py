@@ -25,9 +25,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from serve_app.agent.model_override import ModelOverrideError
-from serve_app.api.backend import BackendError
 from serve_app.auth import AuthenticationError
+from serve_app.backend import BackendError
+from serve_app.model_override import ModelOverrideError
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from foundation.observability.setup import configure_observability
+from foundation.settings import Settings, SettingsError, load_settings
 from serve_app.api.app import create_app
-from serve_app.api.local_backend import LocalBackend, build_local_backend
 from serve_app.authz import CedarAuthorizer, load_authorizer
-from serve_app.config import Settings, SettingsError, load_settings
-from serve_app.observability.setup import configure_observability
+from serve_app.local_backend import LocalBackend
+from serve_app.wiring import build_local_backend
 
 
 def create_single_process_app(

@@ -21,8 +21,8 @@ from typing import Any
 
 import cedarpy
 
-from serve_app.config import ROLE_WEIGHTS
-from serve_app.identity import AuthUser
+from foundation.identity import AuthUser
+from foundation.roles import ROLE_WEIGHTS
 
 log = logging.getLogger(__name__)
 

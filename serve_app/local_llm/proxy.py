@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
+from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 
 log = logging.getLogger(__name__)
 

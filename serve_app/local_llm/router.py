@@ -32,6 +32,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 from serve_app.local_llm.proxy import (
     ReplyHead,
     forwarded_headers,
@@ -39,7 +40,6 @@ from serve_app.local_llm.proxy import (
     response_from_parts,
 )
 from serve_app.local_llm.settings import canonical_model_name
-from serve_app.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 
 MODEL_HEADER = "x-local-llm-model"
 """Response header naming the served model that answered a chat completion."""

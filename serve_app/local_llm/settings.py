@@ -1,7 +1,7 @@
 """Settings of the local LLM (xllamacpp behind a Ray Serve application).
 
 A small frozen dataclass read from the environment, so this package stands alone until these
-variables move into ``serve_app.config.Settings`` (same names, same defaults). A bad value
+variables move into ``foundation.settings.Settings`` (same names, same defaults). A bad value
 fails with a message that names the variable.
 """
 
@@ -14,18 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serve_app.local_llm.catalog import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_ROUTE_PREFIX,
+    LOCAL_MODEL_PREFIX,
+    PACKAGED_MODELS,
+    SMALL_MODEL_NAME,
+    canonical_model_name,
+)
+
 DEFAULT_HOME = Path(".agent-service")
-DEFAULT_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
-SMALL_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_ROUTE_PREFIX = "/llm"
-LOCAL_MODEL_PREFIX = "local/"
 
-
-def canonical_model_name(name: str) -> str:
-    """How model names compare: case-insensitively, surrounding blanks and the agent's
-    ``local/`` prefix (which prices local models at 0) ignored."""
-    folded = name.strip().lower()
-    return folded.removeprefix(LOCAL_MODEL_PREFIX).strip()
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_ROUTE_PREFIX",
+    "LOCAL_MODEL_PREFIX",
+    "SMALL_MODEL_NAME",
+    "LocalLLMConfigError",
+    "LocalLLMSettings",
+    "canonical_model_name",
+]
 
 
 class LocalLLMConfigError(ValueError):
@@ -92,9 +100,6 @@ class LocalLLMSettings:
             object.__setattr__(self, "route_prefix", self.route_prefix.rstrip("/"))
 
     def _checked_models(self) -> tuple[str, ...]:
-        # Imported here: model_files imports this module (it holds the packaged models).
-        from serve_app.local_llm.model_files import PACKAGED_MODELS
-
         raw = self.models
         _check(
             isinstance(raw, tuple | list) and all(isinstance(m, str) for m in raw),

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+from agent.llm.base import ToolCall
+from agent.tools import build_default_registry
+from agent.tools.executor import ToolRequest
+from agent.tools.registry import ToolOutcome
 from deployments.agent_loop import HandleToolExecutor
 from deployments.ingress import ServeBackend
-from serve_app.agent.llm.base import ToolCall
-from serve_app.agent.tools import build_default_registry
-from serve_app.agent.tools.executor import ToolRequest
-from serve_app.agent.tools.registry import ToolOutcome
-from serve_app.api.backend import AskParams, BackendError
-from serve_app.config import Settings
-from serve_app.identity import AuthUser
+from foundation.identity import AuthUser
+from foundation.settings import Settings
+from serve_app.backend import AskParams, BackendError
 
 USER = AuthUser(sub="u-1", roles=("business_staff",), domains=("northwind",))
 CALL = ToolCall(id="call_1", name="get_building", arguments='{"building_id": "bld-x"}')

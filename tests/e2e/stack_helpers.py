@@ -275,13 +275,13 @@ def agent_stack(
     import ray
     from ray import serve
 
+    from deployments.graph import build_app
     from local_world._service import get_control
     from local_world.scripted_llm import ScriptedLLM, create_llm_app
     from local_world.sensor_service import create_sensor_app
     from local_world.servers import run_in_thread
     from local_world.twin_service import create_twin_app
     from local_world.world import build_world
-    from serve_app.app import build_app
 
     world = build_world()
     llm = ScriptedLLM()

@@ -38,8 +38,8 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
     import ray
     from ray import serve
 
+    from deployments.graph import build_app
     from deployments.local_llm import build_local_llm_app
-    from serve_app.app import build_app
 
     model = _model_path()
     world = build_world()

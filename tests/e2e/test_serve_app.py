@@ -44,7 +44,7 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
+    from deployments.graph import build_app
 
     world = build_world()
     llm = ScriptedLLM()
@@ -304,7 +304,7 @@ def test_ingest_is_admin_only_and_runs_as_a_ray_job(stack: Stack) -> None:
 
 
 def test_readyz_fails_while_the_database_is_down(stack: Stack) -> None:
-    from serve_app.database import start_embedded, stop_embedded
+    from foundation.database import start_embedded, stop_embedded
     from tests.conftest import TEST_HOME
 
     assert httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200

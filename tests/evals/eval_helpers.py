@@ -15,10 +15,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agent.answer import AgentAnswer
+from foundation.settings import Settings
 from local_world.servers import run_in_thread
-from serve_app.agent.answer import AgentAnswer
 from serve_app.auth import AuthenticationError, verify_eval_token
-from serve_app.config import Settings
 
 SECRET = "evals-test-secret-0123456789abcdef0123"
 

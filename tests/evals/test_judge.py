@@ -17,9 +17,9 @@ from evals.judge import (
     parse_verdict,
     same_family,
 )
+from foundation.settings import SettingsError
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.servers import run_in_thread
-from serve_app.config import SettingsError
 from tests.evals.eval_helpers import settings
 
 

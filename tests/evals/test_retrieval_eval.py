@@ -10,7 +10,7 @@ import pytest
 
 from evals.dataset import load_dataset
 from evals.retrieval_eval import retrieval_markdown, run_retrieval_eval, score_sources, user_acl
-from retrieval.acl import caller_entries
+from foundation.acl import caller_entries
 from tests.evals.eval_helpers import write_dataset
 
 U = "documentation/user"
@@ -107,7 +107,7 @@ def test_the_cli_retrieval_mode_writes_its_report(
     the integration tests)."""
     import io
 
-    import serve_app.knowledge as knowledge
+    import serve_app.wiring as wiring
     from serve_app.cli import EXIT_OK, EXIT_USAGE, main
 
     retriever = FakeRetriever({"cooldown": [f"{U}/occupancy-alerts.md"]})
@@ -115,8 +115,8 @@ def test_the_cli_retrieval_mode_writes_its_report(
     async def open_store(settings: object) -> FakeStore:
         return FakeStore()
 
-    monkeypatch.setattr(knowledge, "open_store", open_store)
-    monkeypatch.setattr(knowledge, "build_retriever", lambda settings, store: retriever)
+    monkeypatch.setattr(wiring, "open_store", open_store)
+    monkeypatch.setattr(wiring, "build_retriever", lambda settings, store: retriever)
     dataset = write_dataset(tmp_path, DATASET)
     out = io.StringIO()
     code = main(["eval", str(dataset), "--retrieval", "--k", "2", "--out-dir", str(tmp_path)], out)

@@ -30,11 +30,9 @@ def _preload() -> None:
     import openai  # noqa: F401
     import rich.progress  # noqa: F401
 
+    import foundation.observability.setup  # noqa: F401
     import ingest_jobs.pipeline  # noqa: F401
     import retrieval.embedders  # noqa: F401
-    import serve_app.cli
-    import serve_app.knowledge
-    import serve_app.observability.setup  # noqa: F401
 
 
 def _child(request: dict[str, object]) -> None:

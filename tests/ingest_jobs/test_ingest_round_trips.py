@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import PgDocumentStore
-from serve_app.config import Settings
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 from tests.pg_wire import LIST_DOCUMENTS, WRITE_DOCUMENT, WireLog, log_pool
 

@@ -699,9 +699,9 @@ async def test_a_file_with_a_nul_character_is_skipped_and_the_run_finishes(
     page's text, or as a YAML escape in its title, permissions or other front matter, used to
     abort the run at that page's write - and every re-run again at the same page, so the
     ingestion could never finish. Such a page is now skipped with a clear reason."""
+    from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
-    from serve_app.config import Settings
     from tests.ingest_jobs.corpus import HashedEmbedder
 
     root = tmp_path / "docs"

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import DocumentRecord, PgDocumentStore
-from serve_app.config import Settings
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 
 pytestmark = pytest.mark.integration

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from foundation.roles import ROLE_WEIGHTS
 from local_world.claims import (
     Claims,
     ClaimsError,
@@ -14,7 +15,6 @@ from local_world.claims import (
     encode_flat_claims,
     parse_claims,
 )
-from serve_app.config import ROLE_WEIGHTS
 
 
 def test_claims_gateway_shape_is_flattened() -> None:

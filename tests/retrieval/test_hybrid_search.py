@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from retrieval.acl import caller_entries, is_visible
+from foundation.acl import caller_entries, is_visible
+from foundation.database import DimensionMismatchError
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig, SearchHit
 from retrieval.store import ChunkRecord, DocumentRecord, PgDocumentStore
-from serve_app.database import DimensionMismatchError
 
 pytestmark = pytest.mark.integration
 

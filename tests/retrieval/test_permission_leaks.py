@@ -15,8 +15,8 @@ milliseconds instead of a MiniLM forward pass. Vectors are not what is tested; t
 its SQL are.
 
 The oracle is ``ref_visible``: the visibility rule restated in plain Python from the spec
-(roles from ``serve_app/roles.json``, read here directly) and written independently of
-``retrieval.acl`` and of the SQL:
+(roles from ``foundation/roles.json``, read here directly) and written independently of
+``foundation.acl`` and of the SQL:
 
 * a document's ACL is its front-matter ``permissions`` if present (an explicit ``[]`` is
   public), else its folder's default; entries are ``role:<known role>`` or
@@ -61,21 +61,22 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from foundation.acl import caller_entries
+from foundation.identity import MAX_CLAIMS_HEADER_CHARS, AuthUser
+from foundation.roles import ROLE_WEIGHTS
+from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
-from retrieval.acl import caller_entries
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig, embedding_input
 from retrieval.store import ACL_PREDICATE, HYBRID_SQL, PgDocumentStore
-from serve_app.config import ROLE_WEIGHTS, Settings
-from serve_app.identity import MAX_CLAIMS_HEADER_CHARS, AuthUser
 from tests.ingest_jobs.corpus import HashedEmbedder
 from tests.serve_app.api.api_helpers import parse_sse_text
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-# The fleet's hierarchy, read from the file itself (not through serve_app.config).
-RANK: dict[str, int] = json.loads((ROOT / "serve_app/roles.json").read_text())["roles"]
+# The fleet's hierarchy, read from the file itself (not through foundation.settings).
+RANK: dict[str, int] = json.loads((ROOT / "foundation/roles.json").read_text())["roles"]
 DIM = 384
 
 
@@ -575,8 +576,8 @@ def test_the_property_catches_planted_bugs(
 ) -> None:
     """The property is not blind: with a known ACL bug planted (in the caller's entries, or
     the keyword side of the hybrid SQL without its ACL filter) it fails within 10 examples."""
+    import foundation.identity
     import retrieval.store
-    import serve_app.identity
 
     if mutant == "keyword_side_unfiltered":
         keyword_filter = "c.tsv @@ q.select_q"
@@ -585,7 +586,7 @@ def test_the_property_catches_planted_bugs(
         monkeypatch.setattr(retrieval.store, "HYBRID_SQL", broken)
     else:
         bug = _domains_as_roles if mutant == "domains_as_roles" else _hierarchy_upside_down
-        monkeypatch.setattr(serve_app.identity, "caller_entries", bug)
+        monkeypatch.setattr(foundation.identity, "caller_entries", bug)
     with pytest.raises((AssertionError, pytest.fail.Exception)) as caught:
         search_property(harness, 10)
     print(f"\nplanted bug {mutant}: caught - {str(caught.value).splitlines()[0][:160]}")
@@ -832,10 +833,10 @@ async def test_nothing_leaks_through_the_agent(
     permissions only because the prompt never holds a chunk the caller may not see."""
     import httpx
 
-    from serve_app.agent.llm.openai_client import OpenAICompatibleClient
+    from agent.llm.openai_client import OpenAICompatibleClient
     from serve_app.api.app import create_app
-    from serve_app.api.local_backend import build_local_backend
     from serve_app.authz import load_authorizer
+    from serve_app.wiring import build_local_backend
 
     facts = load_facts()
     callers: dict[str, dict[str, Any]] = dict(facts["callers"])

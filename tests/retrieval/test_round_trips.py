@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from retrieval.acl import caller_entries
+from foundation.acl import caller_entries
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig

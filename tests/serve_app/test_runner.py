@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.config import Settings
+from foundation.settings import Settings
 from serve_app.runner import (
     LOCAL_LLM_APP,
     RunnerError,

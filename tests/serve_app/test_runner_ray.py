@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve_app.config import Settings
+from foundation.settings import Settings
 from serve_app.runner import (
     RunState,
     _bin,

@@ -31,7 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
-from serve_app.agent.answer import (
+from agent.answer import (
     AgentAnswer,
     AgentEvent,
     CitationEvent,
@@ -39,12 +39,12 @@ from serve_app.agent.answer import (
     TokenEvent,
     ToolEvent,
 )
-from serve_app.agent.model_override import check_model_override
-from serve_app.api.backend import AskParams, BackendError
+from foundation.tracing import carrier_from_headers
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
 from serve_app.api.middleware import current_request_id
-from serve_app.tracing import carrier_from_headers
+from serve_app.backend import AskParams, BackendError
+from serve_app.model_override import check_model_override
 
 SESSION_HEADER = "x-session-id"  # optional: groups a conversation's traces (session.id)
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from serve_app.api.backend import Readiness, ReadinessCheck
 from serve_app.api.deps import BackendDep
+from serve_app.readiness import Readiness, ReadinessCheck
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 
-from serve_app.api.backend import IngestRequest, IngestRun
 from serve_app.api.deps import BackendDep, IngestAdmin, SettingsDep
 from serve_app.api.errors import ApiError, error_responses
+from serve_app.backend import IngestRequest, IngestRun
 
 router = APIRouter(tags=["ingest"])
 

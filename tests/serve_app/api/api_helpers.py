@@ -15,16 +15,11 @@ from typing import Any
 
 import httpx
 
+from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from foundation.identity import AuthUser
 from local_world.claims import encode_claims
-from serve_app.agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
-from serve_app.api.backend import (
-    AskParams,
-    IngestRequest,
-    IngestRun,
-    Readiness,
-    ReadinessCheck,
-)
-from serve_app.identity import AuthUser
+from serve_app.backend import AskParams, IngestRequest, IngestRun
+from serve_app.readiness import Readiness, ReadinessCheck
 
 SECRET = "test-eval-secret-0123456789abcdef-xyz"  # >= 32 bytes
 CLAIMS = "x-gateway-claims"

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from api_helpers import SECRET, FakeBackend
 
+from foundation.settings import Settings
 from local_world.clock import FixedClock
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.sensor_service import create_sensor_app
@@ -21,10 +22,10 @@ from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import World, build_world
 from serve_app.api.app import create_app
-from serve_app.api.local_backend import LocalBackend, build_local_backend
 from serve_app.api.single_process import create_single_process_app
 from serve_app.authz import CedarAuthorizer, load_authorizer
-from serve_app.config import Settings
+from serve_app.local_backend import LocalBackend
+from serve_app.wiring import build_local_backend
 
 PINNED = "2025-03-04T10:30:00Z"
 

@@ -22,16 +22,16 @@ from api_helpers import (
     read_sse,
 )
 
+from foundation.identity import AuthUser
+from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, SearchHit
 from retrieval.store import PgDocumentStore
 from serve_app.api.app import create_app
-from serve_app.api.local_backend import LocalBackend
 from serve_app.authz import CedarAuthorizer
-from serve_app.config import Settings
-from serve_app.identity import AuthUser
-from serve_app.knowledge import retrieval_config
+from serve_app.local_backend import LocalBackend
+from serve_app.wiring import retrieval_config
 
 pytestmark = pytest.mark.integration
 
@@ -172,7 +172,7 @@ async def test_an_eval_token_user_can_ask(
 ) -> None:
     from api_helpers import SECRET
 
-    from serve_app.auth import mint_eval_token
+    from foundation.eval_tokens import mint_eval_token
 
     token = mint_eval_token(SECRET, "eval-runner", ["business_staff"], ["northwind"])
     question = "List my buildings, please"

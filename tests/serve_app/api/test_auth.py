@@ -29,14 +29,14 @@ from api_helpers import (
 )
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from foundation.eval_tokens import mint_eval_token
+from foundation.settings import Settings
 from local_world.servers import run_in_thread
 from serve_app.auth import (
     EVAL_TOKEN_COOKIE,
     AuthenticationError,
     authenticate,
-    mint_eval_token,
 )
-from serve_app.config import Settings
 
 AppFactory = Callable[..., tuple[Any, FakeBackend]]
 ClientFactory = Callable[..., httpx.AsyncClient]

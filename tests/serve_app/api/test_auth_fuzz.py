@@ -43,9 +43,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from foundation.eval_tokens import mint_eval_token
 from local_world.claims import ClaimsError, parse_claims
 from local_world.servers import run_in_thread
-from serve_app.auth import CLOCK_SKEW_SECONDS, EVAL_TOKEN_COOKIE, mint_eval_token
+from serve_app.auth import CLOCK_SKEW_SECONDS, EVAL_TOKEN_COOKIE
 
 AppFactory = Callable[..., tuple[Any, FakeBackend]]
 ClientFactory = Callable[..., httpx.AsyncClient]

@@ -20,15 +20,10 @@ from api_helpers import (
     parse_sse_text,
 )
 
+from agent.answer import AgentError, DoneEvent, TokenEvent
 from local_world.servers import run_in_thread
-from serve_app.agent.answer import AgentError, DoneEvent, TokenEvent
-from serve_app.api.backend import (
-    BackendError,
-    BackendOverloaded,
-    BackendTimeout,
-    Readiness,
-    ReadinessCheck,
-)
+from serve_app.backend import BackendError, BackendOverloaded, BackendTimeout
+from serve_app.readiness import Readiness, ReadinessCheck
 
 AppFactory = Callable[..., tuple[Any, FakeBackend]]
 ClientFactory = Callable[..., httpx.AsyncClient]

@@ -21,11 +21,11 @@ from api_helpers import (
     is_envelope,
 )
 
+from foundation.eval_tokens import mint_eval_token
+from foundation.settings import Settings
 from serve_app.api.app import create_app
-from serve_app.api.local_backend import LocalBackend
-from serve_app.auth import mint_eval_token
 from serve_app.authz import CedarAuthorizer
-from serve_app.config import Settings
+from serve_app.local_backend import LocalBackend
 
 pytestmark = pytest.mark.integration
 
@@ -204,8 +204,8 @@ async def test_closing_the_backend_stops_a_running_ingest(
     db_url: str,
     docs_roots: list[str],
 ) -> None:
-    from serve_app.api.backend import IngestRequest
-    from serve_app.identity import AuthUser
+    from foundation.identity import AuthUser
+    from serve_app.backend import IngestRequest
 
     backend = make_backend(make_settings(database_url=db_url, doc_roots=docs_roots))
     admin = AuthUser.from_claims_header(ADMIN["x-gateway-claims"])

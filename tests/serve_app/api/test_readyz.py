@@ -11,11 +11,11 @@ import httpx
 import pytest
 from api_helpers import NORTHWIND_STAFF
 
+from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from serve_app.api.app import create_app
-from serve_app.api.local_backend import LocalBackend
 from serve_app.authz import CedarAuthorizer
-from serve_app.config import Settings
+from serve_app.local_backend import LocalBackend
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ async def test_503_when_no_provider_is_configured(
     llm: ScriptedLLM,
     _scripted_server: tuple[str, ScriptedLLM],
 ) -> None:
-    from serve_app.agent.llm.openai_client import OpenAICompatibleClient
+    from agent.llm.openai_client import OpenAICompatibleClient
 
     settings = make_settings(
         database_url=db_url, llm_api_key=None, llm_base_url="https://openrouter.ai/api/v1"

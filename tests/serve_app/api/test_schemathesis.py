@@ -31,12 +31,12 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
+from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from serve_app.api.app import create_app
-from serve_app.api.backend import BackendError, BackendTimeout
-from serve_app.api.local_backend import build_local_backend
 from serve_app.authz import CedarAuthorizer, load_authorizer
-from serve_app.config import Settings
+from serve_app.backend import BackendError, BackendTimeout
+from serve_app.wiring import build_local_backend
 
 MAX_EXAMPLES = 30
 CALLERS: list[tuple[str, dict[str, str]]] = [

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from foundation.identity import AuthUser
 from serve_app.authz import POLICY_DIR, AuthzConfigError, CedarAuthorizer, load_authorizer
-from serve_app.identity import AuthUser
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,130 @@
+"""The ``Tool`` port: one class per tool, its pydantic args model is the schema the model sees.
+
+Modelled on pydantic-ai / the OpenAI Agents SDK function tools: a tool is a name, a
+description, a typed argument model and an async ``run``. The registry validates the model's
+arguments against ``args_model`` before ``run`` is called, so ``run`` receives a typed,
+validated instance. A tool signals a failure the model can act on by raising ``ToolError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, JsonValue
+
+from agent.access import DomainAuthorizer
+from agent.llm.base import ToolSpec
+from agent.tools.downstream import Downstream
+from agent.tools.errors import ToolError
+from foundation.identity import AuthUser
+from retrieval.search import SearchHit
+
+__all__ = ["ArgsT", "ChunkSink", "Retriever", "Tool", "ToolContext", "ToolError", "utc_now"]
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class Retriever(Protocol):
+    """What ``search_docs`` needs from retrieval (``retrieval.search.HybridRetriever``)."""
+
+    async def search(
+        self, query: str, *, acl: Sequence[str], top_k: int | None = None
+    ) -> list[SearchHit]: ...
+
+
+class ChunkSink:
+    """The chunks ``search_docs`` handed to the model in this request, by chunk id (first
+    seen first). Citation markers are validated against exactly this set."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[str, SearchHit] = {}
+
+    def add(self, hits: Iterable[SearchHit]) -> None:
+        for hit in hits:
+            self._chunks.setdefault(hit.chunk_id, hit)
+
+    def get(self, chunk_id: str) -> SearchHit | None:
+        return self._chunks.get(chunk_id)
+
+    def __contains__(self, chunk_id: object) -> bool:
+        return chunk_id in self._chunks
+
+    def __iter__(self) -> Iterator[SearchHit]:
+        return iter(list(self._chunks.values()))
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    @property
+    def chunks(self) -> dict[str, SearchHit]:
+        return dict(self._chunks)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class ToolContext:
+    """Everything a tool may use for one ``/ask`` request. Tools act as ``user``, always."""
+
+    user: AuthUser
+    downstream: Downstream
+    authorizer: DomainAuthorizer
+    retriever: Retriever | None = None
+    top_k: int | None = None  # the request's top_k (None: TOP_K_FINAL)
+    seen_chunks: ChunkSink = field(default_factory=ChunkSink)
+    clock: Callable[[], datetime] = utc_now
+    observe_payloads: bool = False  # OBSERVE_PAYLOADS: tool arguments and results on spans
+
+
+def _compact_schema(schema: Any) -> Any:
+    """The args model's JSON schema without pydantic's ``title`` noise (fewer prompt tokens)."""
+    if isinstance(schema, dict):
+        out: dict[str, Any] = {}
+        for key, value in schema.items():
+            if (key == "title" and isinstance(value, str)) or (key == "default" and value is None):
+                continue
+            if key in {"properties", "$defs", "definitions"} and isinstance(value, dict):
+                out[key] = {name: _compact_schema(sub) for name, sub in value.items()}
+            else:
+                out[key] = _compact_schema(value)
+        return out
+    if isinstance(schema, list):
+        return [_compact_schema(item) for item in schema]
+    return schema
+
+
+class Tool(ABC, Generic[ArgsT]):
+    """Subclass as ``class GetRoom(Tool[GetRoomArgs])``: ``args_model`` is taken from the
+    type argument. Set ``name`` and ``description``; implement ``run``."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    args_model: type[ArgsT]
+    timeout_seconds: ClassVar[float | None] = None  # None: the registry's default
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "args_model" in cls.__dict__:
+            return
+        for base in getattr(cls, "__orig_bases__", ()):
+            if get_origin(base) is Tool:
+                (arg,) = get_args(base)
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    setattr(cls, "args_model", arg)  # noqa: B010 (a class attribute)
+
+    def parameters_schema(self) -> dict[str, Any]:
+        schema: dict[str, Any] = _compact_schema(self.args_model.model_json_schema())
+        return schema
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters_schema())
+
+    @abstractmethod
+    async def run(self, args: ArgsT, ctx: ToolContext) -> JsonValue:
+        """Do the work as ``ctx.user``; return compact JSON-able data."""

@@ -1,0 +1,218 @@
+"""``ToolRegistry``: the tools the model may call, and the one place that runs them.
+
+``dispatch`` never raises (except for cancellation): unknown tools, unparseable or invalid
+arguments, ``ToolError``, downstream HTTP failures and timeouts all become a ``ToolOutcome``
+whose ``result_json`` is an ``{"error": ...}`` object the model reads as the tool result and
+can recover from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from opentelemetry.util.types import AttributeValue
+from pydantic import BaseModel, ValidationError
+
+from agent.llm.base import ToolCall, ToolSpec
+from agent.tools.base import ChunkSink, Tool, ToolContext, ToolError
+from foundation.observability import attributes as attr
+from foundation.observability.spans import Observer, tracer
+from retrieval.search import SearchHit
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+MAX_RESULT_CHARS = 24_000
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """One tool call, as run: what the model asked, what it got back, how long it took."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    ok: bool
+    error: str | None
+    result_json: str  # what the model reads (an {"error": ...} object when not ok)
+    duration_ms: float
+    chunks: tuple[SearchHit, ...] = ()  # documentation chunks this call showed the model
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def validation_message(tool: str, exc: ValidationError) -> str:
+    """A compact, model-readable summary of pydantic errors."""
+    parts = []
+    for error in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ())) or "arguments"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return f"invalid arguments for {tool}: " + "; ".join(parts)
+
+
+def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """The arguments object, or ``({"_raw": raw}, problem)`` when it is not a JSON object."""
+    text = raw.strip()
+    if not text:
+        return {}, None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {"_raw": raw[:1000]}, f"arguments are not valid JSON ({exc.msg})"
+    if not isinstance(value, dict):
+        return {"_raw": raw[:1000]}, "arguments must be a JSON object"
+    return value, None
+
+
+class ToolRegistry:
+    def __init__(
+        self,
+        tools: Iterable[Tool[Any]] = (),
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self.timeout_seconds = timeout_seconds
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool[Any]) -> Tool[Any]:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        if not isinstance(getattr(tool, "args_model", None), type):
+            raise TypeError(f"tool {tool.name!r} has no args model (subclass Tool[ArgsModel])")
+        self._tools[tool.name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        return [tool.spec() for tool in self._tools.values()]
+
+    async def dispatch(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+        """Run one call inside its ``tool.<name>`` span (``tool.unknown`` for a name that is
+        not a tool: the name is model text, so it is not put in a span name)."""
+        observer = Observer(payloads=ctx.observe_payloads)
+        known = call.name in self._tools
+        span_attributes: dict[str, AttributeValue] = {
+            attr.GEN_AI_OPERATION: "execute_tool",
+            attr.GEN_AI_TOOL_TYPE: "function",
+            attr.GEN_AI_TOOL_CALL_ID: call.id,
+        }
+        if known:
+            span_attributes[attr.GEN_AI_TOOL_NAME] = call.name
+        with tracer().start_as_current_span(
+            f"tool.{call.name if known else 'unknown'}",
+            attributes={attr.LANGFUSE_TYPE: "tool", **span_attributes},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            observer.payload(span, attr.GEN_AI_TOOL_ARGUMENTS, call.arguments)
+            observer.payload(span, attr.LANGFUSE_INPUT, call.arguments)
+            outcome, failure = await self._dispatch(call, ctx)
+            span.set_attribute(attr.TOOL_OK, outcome.ok)
+            if failure is not None:
+                kind, exc = failure
+                span.set_attribute(attr.TOOL_ERROR_KIND, kind)
+                observer.fail(span, kind, message=outcome.error, exception=exc)
+            observer.payload(span, attr.GEN_AI_TOOL_RESULT, outcome.result_json)
+            observer.payload(span, attr.LANGFUSE_OUTPUT, outcome.result_json)
+            return outcome
+
+    async def _dispatch(
+        self, call: ToolCall, ctx: ToolContext
+    ) -> tuple[ToolOutcome, tuple[str, BaseException | None] | None]:
+        """The outcome, and (kind, exception) when the call failed."""
+        started = time.perf_counter()
+        arguments, problem = parse_arguments(call.arguments)
+        # A sink of its own, so the outcome carries exactly this call's chunks (also across a
+        # process boundary); they are merged into the request's sink as well.
+        call_ctx = dataclasses.replace(ctx, seen_chunks=ChunkSink())
+        Failure = tuple[str, BaseException | None]
+
+        def outcome(
+            result: object | None,
+            error: str | None,
+            kind: str = "",
+            exc: BaseException | None = None,
+        ) -> tuple[ToolOutcome, Failure | None]:
+            if error is not None:
+                error = error[:MAX_ERROR_CHARS]
+                text = _json({"error": error})
+            else:
+                text = _json(result)
+                if len(text) > MAX_RESULT_CHARS:
+                    error = "the result is too large; ask for less (a narrower request)"
+                    kind = "result_too_large"
+                    text = _json({"error": error})
+            chunks = tuple(call_ctx.seen_chunks) if error is None else ()
+            ctx.seen_chunks.add(chunks)
+            done = ToolOutcome(
+                call_id=call.id,
+                name=call.name,
+                arguments=arguments,
+                ok=error is None,
+                error=error,
+                result_json=text,
+                duration_ms=round((time.perf_counter() - started) * 1000.0, 2),
+                chunks=chunks,
+            )
+            return done, (None if error is None else (kind or "tool_error", exc))
+
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return outcome(
+                None,
+                f"unknown tool {call.name!r}; available: {', '.join(self.names)}",
+                "unknown_tool",
+            )
+        if problem is not None:
+            return outcome(
+                None, f"{problem}; call {call.name} again with a JSON object", "invalid_arguments"
+            )
+        try:
+            args: BaseModel = tool.args_model.model_validate(arguments)
+        except ValidationError as exc:
+            return outcome(None, validation_message(call.name, exc), "invalid_arguments", exc)
+        timeout = tool.timeout_seconds or self.timeout_seconds
+        try:
+            result = await asyncio.wait_for(tool.run(args, call_ctx), timeout)
+        except ToolError as exc:
+            return outcome(None, str(exc) or f"{call.name} failed", "tool_error", exc)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            return outcome(
+                None, f"{call.name} timed out after {timeout:g} s; try again later", "timeout", exc
+            )
+        except httpx.HTTPError as exc:
+            log.warning("tool %s: HTTP error: %s", call.name, exc)
+            return outcome(
+                None, f"{call.name} could not reach a live-data service", "downstream_error", exc
+            )
+        except Exception as exc:
+            log.exception("tool %s crashed", call.name)
+            return outcome(
+                None, f"{call.name} failed with an internal error", "internal_error", exc
+            )
+        return outcome(result, None)

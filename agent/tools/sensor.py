@@ -1,0 +1,334 @@
+"""Sensor-service tools: the device inventory (``list_sensors``), latest readings and history.
+
+Each starts from twin-service, as the asking user, to authorize the building (Cedar on its
+domain) and to learn which rooms belong to it; the sensor-service answer is then filtered to
+those rooms, because downstream data is untrusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import Field, JsonValue
+from pydantic.json_schema import SkipJsonSchema
+
+from agent.tools.base import Tool, ToolContext, ToolError
+from agent.tools.downstream import NotFoundError, path
+from agent.tools.twin import (
+    BUILDING_NOT_FOUND,
+    ROOM_NOT_FOUND,
+    Args,
+    BuildingId,
+    RoomId,
+    _num,
+    _str,
+    accessible_building,
+    accessible_room,
+    building_rooms,
+    items,
+)
+
+SensorType = Literal["occupancy", "co2", "temperature", "humidity", "door_counter"]
+MAX_SENSORS = 200
+MAX_LATEST = 20
+MAX_SERIES = 3
+MAX_POINTS = 24
+MAX_RAW_POINTS = 200
+# Intervals the sensor-service documents (1m, 5m, 15m, 1h, 1d), in seconds.
+INTERVALS = (60, 300, 900, 3600, 86400)
+
+
+def _interval_text(seconds: int) -> str:
+    if seconds % 86400 == 0:
+        return f"{seconds // 86400}d"
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 60}m"
+
+
+def _instant(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def registry_devices(
+    ctx: ToolContext,
+    building_id: str,
+    room_ids: set[str],
+    room_id: str | None = None,
+) -> list[Mapping[str, Any]]:
+    """Registry records of an authorized building (or one of its rooms), keeping only devices
+    of ``room_ids`` (the building's rooms, per twin-service)."""
+    segments = ["sensors", "buildings", building_id]
+    if room_id is not None:
+        segments += ["rooms", room_id]
+    try:
+        data = await ctx.downstream.sensor(path(*segments), ctx.user)
+    except NotFoundError:
+        raise ToolError(ROOM_NOT_FOUND if room_id else BUILDING_NOT_FOUND) from None
+    wanted = {room_id} if room_id is not None else room_ids
+    return [
+        device
+        for device in items(data)
+        if _str(device, "sensorId")
+        and _str(device, "sensorType")
+        and _str(device, "buildingId") == building_id
+        and _str(device, "roomId") in wanted
+    ]
+
+
+class ListSensorsArgs(Args):
+    building_id: BuildingId
+    room_id: RoomId | SkipJsonSchema[None] = Field(
+        default=None, description="Optional: only this room (a room of that building)."
+    )
+
+
+class ListSensors(Tool[ListSensorsArgs]):
+    name = "list_sensors"
+    description = (
+        "The device inventory: which sensors (sensor_id, sensor_type) are installed in a "
+        "building or one of its rooms. Tells 'no sensor installed' apart from 'no reading'. "
+        "Returns no measurements: use get_latest_sensor_data or get_sensor_history for those."
+    )
+
+    async def run(self, args: ListSensorsArgs, ctx: ToolContext) -> JsonValue:
+        building = await accessible_building(ctx, args.building_id)
+        rooms = {str(r["roomId"]): r for r in await building_rooms(ctx, args.building_id)}
+        if args.room_id is not None and args.room_id not in rooms:
+            raise ToolError(ROOM_NOT_FOUND)
+        devices = await registry_devices(ctx, args.building_id, set(rooms), args.room_id)
+        sensors: list[JsonValue] = [
+            {
+                "sensor_id": _str(d, "sensorId"),
+                "sensor_type": _str(d, "sensorType"),
+                "room_id": _str(d, "roomId"),
+                "room_name": _str(rooms[str(d["roomId"])], "name"),
+            }
+            for d in devices[:MAX_SENSORS]
+        ]
+        result: dict[str, JsonValue] = {
+            "building_id": args.building_id,
+            "building_name": _str(building, "name"),
+            "sensors": sensors,
+            "count": len(devices),
+        }
+        if args.room_id is not None:
+            result["room_id"] = args.room_id
+            result["room_name"] = _str(rooms[args.room_id], "name")
+        if len(devices) > MAX_SENSORS:
+            result["truncated"] = True
+        if not devices:
+            where = "this room" if args.room_id is not None else "this building"
+            result["note"] = f"No sensors are installed in {where}."
+        return result
+
+
+async def room_sensors(
+    ctx: ToolContext, room_id: str, sensor_type: str | None
+) -> tuple[Mapping[str, Any], list[Mapping[str, Any]]]:
+    """``(room, devices)``: an authorized room and its registered sensors (of one type)."""
+    room, building = await accessible_room(ctx, room_id)
+    building_id = str(building["buildingId"])
+    devices = await registry_devices(ctx, building_id, {room_id}, room_id)
+    if sensor_type is not None:
+        devices = [d for d in devices if d["sensorType"] == sensor_type]
+    return room, devices
+
+
+def _no_sensor_note(sensor_type: str | None) -> str:
+    kind = f"{sensor_type} sensor" if sensor_type else "sensor"
+    return f"No {kind} is installed in this room (not a missing reading)."
+
+
+class GetLatestSensorDataArgs(Args):
+    room_id: RoomId
+    sensor_type: SensorType | SkipJsonSchema[None] = Field(
+        default=None, description="Optional: only sensors of this type."
+    )
+
+
+class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
+    name = "get_latest_sensor_data"
+    description = (
+        "The most recent reading of each sensor in a room (value, unit, time, status), "
+        "optionally of one sensor type (occupancy, co2, temperature, humidity, door_counter)."
+    )
+
+    async def run(self, args: GetLatestSensorDataArgs, ctx: ToolContext) -> JsonValue:
+        room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)
+        result: dict[str, JsonValue] = {"room_id": args.room_id, "room_name": _str(room, "name")}
+        if not devices:
+            result["readings"] = []
+            result["note"] = _no_sensor_note(args.sensor_type)
+            return result
+        devices = devices[:MAX_LATEST]
+        fetched = await asyncio.gather(
+            *(
+                ctx.downstream.sensor(path("sensors", str(d["sensorId"]), "latest"), ctx.user)
+                for d in devices
+            ),
+            return_exceptions=True,
+        )
+        readings: list[JsonValue] = []
+        for device, data in zip(devices, fetched, strict=True):
+            sensor_id = str(device["sensorId"])
+            entry: dict[str, JsonValue] = {
+                "sensor_id": sensor_id,
+                "sensor_type": str(device["sensorType"]),
+            }
+            if isinstance(data, NotFoundError):
+                entry["status"] = "no_reading"
+            elif isinstance(data, ToolError):
+                entry["status"] = "unavailable"
+                entry["error"] = str(data)
+            elif isinstance(data, BaseException):
+                raise data
+            elif (
+                isinstance(data, Mapping)
+                and _str(data, "sensorId") == sensor_id
+                and _str(data, "roomId") == args.room_id
+            ):
+                value = data.get("value")
+                entry.update(
+                    value=value if isinstance(value, int | float | dict) else None,
+                    unit=_str(data, "unit"),
+                    timestamp=_str(data, "timestamp"),
+                    status=_str(data, "status") or ("stale" if data.get("stale") is True else "ok"),
+                )
+            else:
+                entry["status"] = "unavailable"
+            readings.append(entry)
+        result["readings"] = readings
+        return result
+
+
+class GetSensorHistoryArgs(Args):
+    room_id: RoomId
+    sensor_type: SensorType
+    hours: int = Field(default=24, ge=1, le=168, description="Window ending now, in hours.")
+
+
+def _points(data: Mapping[str, Any]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    raw = data.get("points")
+    for point in raw if isinstance(raw, list) else []:
+        if not isinstance(point, Mapping):
+            continue
+        when = _str(point, "timestamp") or _str(point, "t")
+        value = _num(point, "value")
+        if value is None:
+            value = _num(point, "avg")
+        if when is not None and value is not None and math.isfinite(value):
+            out.append((when, float(value)))
+    return sorted(out)
+
+
+def downsample(points: list[tuple[str, float]], max_points: int = MAX_POINTS) -> list[JsonValue]:
+    """At most ``max_points`` buckets of consecutive points: start time, mean, min, max."""
+    if not points:
+        return []
+    size = math.ceil(len(points) / max_points)
+    buckets: list[JsonValue] = []
+    for start in range(0, len(points), size):
+        chunk = points[start : start + size]
+        values = [v for _, v in chunk]
+        bucket: dict[str, JsonValue] = {
+            "t": chunk[0][0],
+            "avg": round(sum(values) / len(values), 2),
+        }
+        if len(chunk) > 1:
+            bucket["min"] = round(min(values), 2)
+            bucket["max"] = round(max(values), 2)
+        buckets.append(bucket)
+    return buckets
+
+
+def _summary(points: list[tuple[str, float]]) -> dict[str, JsonValue]:
+    values = [v for _, v in points]
+    peak = max(points, key=lambda p: p[1])
+    low = min(points, key=lambda p: p[1])
+    return {
+        "count": len(values),
+        "mean": round(sum(values) / len(values), 2),
+        "min": low[1],
+        "min_at": low[0],
+        "max": peak[1],
+        "max_at": peak[0],
+        "first": values[0],
+        "last": values[-1],
+        "last_at": points[-1][0],
+    }
+
+
+class GetSensorHistory(Tool[GetSensorHistoryArgs]):
+    name = "get_sensor_history"
+    description = (
+        "Readings of one sensor type in a room over the last `hours` (1-168, default 24), "
+        f"downsampled to at most {MAX_POINTS} points (average, min, max per point) plus a "
+        "summary (mean, min, max and when)."
+    )
+
+    async def run(self, args: GetSensorHistoryArgs, ctx: ToolContext) -> JsonValue:
+        room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)
+        end = ctx.clock().replace(second=0, microsecond=0)
+        start = end - timedelta(hours=args.hours)
+        window = (end - start).total_seconds()
+        interval = next((s for s in INTERVALS if window / s <= MAX_RAW_POINTS), INTERVALS[-1])
+        result: dict[str, JsonValue] = {
+            "room_id": args.room_id,
+            "room_name": _str(room, "name"),
+            "sensor_type": args.sensor_type,
+            "from": _instant(start),
+            "to": _instant(end),
+        }
+        if not devices:
+            result["series"] = []
+            result["note"] = _no_sensor_note(args.sensor_type)
+            return result
+        params = {
+            "from": _instant(start),
+            "to": _instant(end),
+            "interval": _interval_text(interval),
+        }
+        devices = devices[:MAX_SERIES]
+        fetched = await asyncio.gather(
+            *(
+                ctx.downstream.sensor(
+                    path("sensors", str(d["sensorId"]), "history"), ctx.user, params
+                )
+                for d in devices
+            ),
+            return_exceptions=True,
+        )
+        series: list[JsonValue] = []
+        for device, data in zip(devices, fetched, strict=True):
+            sensor_id = str(device["sensorId"])
+            entry: dict[str, JsonValue] = {"sensor_id": sensor_id}
+            if isinstance(data, NotFoundError):
+                entry.update(points=[], note="no readings recorded")
+            elif isinstance(data, BaseException):
+                if len(devices) == 1 or not isinstance(data, ToolError):
+                    raise data
+                entry["error"] = str(data)
+            elif not isinstance(data, Mapping) or _str(data, "sensorId") != sensor_id:
+                entry["error"] = "sensor-service returned another sensor's data"
+            else:
+                points = _points(data)
+                entry["unit"] = _str(data, "unit")
+                entry["points"] = downsample(points)
+                if points:
+                    entry["summary"] = _summary(points)
+                else:
+                    offline = _str(data, "status") == "offline"
+                    entry["note"] = (
+                        "the sensor is offline: no readings in this window"
+                        if offline
+                        else "no readings in this window"
+                    )
+            series.append(entry)
+        result["series"] = series
+        return result

@@ -1,0 +1,115 @@
+"""The ``ApiBackend`` port: everything the HTTP routes need from the rest of the service.
+
+Two adapters: an in-process one (``serve_app.local_backend``: the core objects in this
+process, for the single-process server and the route tests) and the Ray Serve one
+(``deployments.ingress``: deployment handles, the Ray Jobs API)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.answer import AgentAnswer, AgentEvent
+from foundation.identity import AuthUser
+from serve_app.readiness import Readiness
+
+
+@dataclass(frozen=True)
+class AskParams:
+    question: str
+    model: str | None = None  # already checked against the override policy by the route
+    top_k: int | None = None
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent carrier
+
+
+class IngestRequest(BaseModel):
+    """``POST /ingest`` body. Roots are the server's configured DOC_ROOTS: a caller cannot
+    point the job at arbitrary server paths. Strict: ``"prune": 0`` or ``"yes"`` is a 422,
+    not a boolean (the schema says boolean; a guessed meaning would be a silent prune)."""
+
+    model_config = ConfigDict(strict=True)
+
+    prune: bool = Field(default=False, description="delete documents whose source is gone")
+
+
+IngestStatus = Literal["pending", "running", "succeeded", "failed", "stopped"]
+
+
+class IngestRun(BaseModel):
+    run_id: str
+    status: IngestStatus
+    submitted_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: dict[str, int] = Field(default_factory=dict)  # {"done": n, "total": m}
+    counts: dict[str, Any] = Field(default_factory=dict)  # the ingestion report, when done
+    message: str | None = None  # why it failed, when it did (no stack traces)
+
+
+@runtime_checkable
+class ApiBackend(Protocol):
+    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer: ...
+
+    def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
+        """Events as the agent produces them; closing the iterator cancels the work."""
+        ...
+
+    async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun: ...
+
+    async def ingest_status(self, run_id: str) -> IngestRun | None: ...
+
+    async def readiness(self) -> Readiness: ...
+
+    async def close(self) -> None: ...
+
+
+# --- errors a backend may raise (additive) -----------------------------------------------------
+
+
+class BackendError(Exception):
+    """A failure of the backend itself (not of the agent's run, which ends in an answer with
+    ``decision="provider_error"``). The routes turn it into the error envelope with
+    ``status``; ``message`` is shown to the caller, so it must hold no secrets."""
+
+    status: int = 503
+    code: str = "backend_unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+
+class BackendOverloaded(BackendError):
+    """Too many requests in flight (e.g. Serve's back-pressure): try again shortly -> 429."""
+
+    status = 429
+    code = "overloaded"
+
+
+class BackendTimeout(BackendError):
+    """The work did not finish in time (e.g. Serve's request timeout) -> 504."""
+
+    status = 504
+    code = "timeout"
+
+
+class IngestConflict(BackendError):
+    """An ingestion run is already running -> 409."""
+
+    status = 409
+    code = "ingest_in_progress"

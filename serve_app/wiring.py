@@ -1,0 +1,216 @@
+"""The composition root: every core object built from ``Settings``, in one place.
+
+The single-process app, the Serve deployments, the CLI, the evals and the benchmarks all
+build their parts here, so each part is wired one way. The libraries below (``agent``,
+``retrieval``) take small typed configs and ports; only this module reads ``Settings`` for
+them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from agent.access import DomainAuthorizer
+from agent.llm.base import LLMClient
+from agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY, OpenAICompatibleClient
+from agent.loop import Agent, AgentConfig
+from agent.tools import build_default_registry
+from agent.tools.base import Retriever
+from agent.tools.downstream import Downstream
+from agent.tools.executor import LocalToolExecutor, ToolExecutor
+from agent.tools.registry import ToolRegistry
+from foundation.database import migrate, resolve_database_url
+from foundation.settings import Settings, SettingsError
+from retrieval.embedders import Embedder, build_embedder
+from retrieval.rerankers import Reranker, build_reranker
+from retrieval.search import HybridRetriever, RetrievalConfig
+from retrieval.store import DocumentStore, PgDocumentStore
+from serve_app.authz import CedarAuthorizer, load_authorizer
+from serve_app.knowledge import LazyStore, connect_store
+from serve_app.local_backend import Closable, LocalBackend
+
+log = logging.getLogger(__name__)
+
+MISSING_KEY_PLACEHOLDER = "missing-api-key"
+
+# --- the model --------------------------------------------------------------------------------
+
+
+def _client(settings: Settings, api_key: str, model: str | None) -> OpenAICompatibleClient:
+    return OpenAICompatibleClient(
+        base_url=settings.llm_base_url,
+        api_key=api_key,
+        default_model=model or settings.answer_model,
+        tool_calling_mode=settings.tool_calling_mode,
+        timeout_seconds=settings.llm_timeout_seconds,
+        max_retries=settings.llm_max_retries,
+        max_output_tokens=settings.max_output_tokens,
+        temperature=settings.llm_temperature,
+    )
+
+
+def build_llm_client(settings: Settings, *, model: str | None = None) -> OpenAICompatibleClient:
+    """The configured client (``model`` overrides ANSWER_MODEL as the default model).
+
+    Raises ``SettingsError`` naming OPENROUTER_API_KEY (and its aliases) when no key is set,
+    unless LLM_BASE_URL is a loopback address (a local model server needs none)."""
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""
+    if not key.strip():
+        if not settings.is_local_llm:
+            raise SettingsError(
+                f"{API_KEY_VARIABLES[0]} is not set (also accepted: "
+                f"{', '.join(API_KEY_VARIABLES[1:])}): the model provider at "
+                f"LLM_BASE_URL={settings.llm_base_url} needs an API key"
+            )
+        key = LOCAL_PLACEHOLDER_KEY
+    return _client(settings, key.strip(), model)
+
+
+def llm_client_or_placeholder(settings: Settings) -> OpenAICompatibleClient:
+    """``build_llm_client``, or, without a key, a client that the provider will refuse: the
+    service starts anyway and ``/readyz`` says why the provider is not configured."""
+    try:
+        return build_llm_client(settings)
+    except SettingsError as exc:
+        log.error("%s; /readyz will report the provider as not configured", exc)
+        return _client(settings, MISSING_KEY_PLACEHOLDER, None)
+
+
+# --- tools and the agent ----------------------------------------------------------------------
+
+
+def tool_registry(settings: Settings) -> ToolRegistry:
+    """The eight tools. A tool may make up to four sequential downstream calls, so its
+    timeout follows ``TWIN_TIMEOUT_SECONDS`` (never under 30 s, which also covers
+    ``search_docs``)."""
+    return build_default_registry(timeout_seconds=settings.resolved_tool_timeout_seconds)
+
+
+def build_downstream(settings: Settings) -> Downstream:
+    return Downstream(
+        twin_url=settings.twin_service_url,
+        sensor_url=settings.sensor_service_url,
+        timeout_seconds=settings.twin_timeout_seconds,
+    )
+
+
+def local_tool_executor(
+    settings: Settings,
+    *,
+    downstream: Downstream,
+    authorizer: DomainAuthorizer,
+    retriever: Retriever | None,
+) -> LocalToolExecutor:
+    return LocalToolExecutor(
+        tool_registry(settings),
+        downstream=downstream,
+        authorizer=authorizer,
+        retriever=retriever,
+        observe_payloads=settings.observe_payloads,
+    )
+
+
+def agent_config(settings: Settings) -> AgentConfig:
+    return AgentConfig(
+        max_tool_hops=settings.max_tool_hops,
+        observe_payloads=settings.observe_payloads,
+        temperature=settings.llm_temperature,
+        max_output_tokens=settings.max_output_tokens,
+        provider_url=settings.llm_base_url,
+    )
+
+
+def build_agent(settings: Settings, *, llm: LLMClient, tools: ToolExecutor) -> Agent:
+    return Agent(llm=llm, tools=tools, config=agent_config(settings))
+
+
+# --- the knowledge base -----------------------------------------------------------------------
+
+
+def retrieval_config(settings: Settings) -> RetrievalConfig:
+    return RetrievalConfig(
+        top_k_vector=settings.top_k_vector,
+        top_k_keyword=settings.top_k_keyword,
+        top_k_rerank=settings.top_k_rerank,
+        top_k_final=settings.top_k_final,
+        rrf_k=settings.rrf_k,
+        observe_payloads=settings.observe_payloads,
+    )
+
+
+async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDocumentStore:
+    """Connect to DATABASE_URL (or the embedded server, started on demand).
+
+    Raises ``DatabaseError`` with an actionable message when the schema is missing or its
+    dimension differs from EMBEDDING_DIM."""
+    url = await resolve_database_url(settings)
+    if migrate_first:
+        migrate(url, settings.resolved_embedding_dim)
+    return await connect_store(settings, url)
+
+
+def build_retriever(
+    settings: Settings,
+    store: DocumentStore,
+    *,
+    embedder: Embedder | None = None,
+    reranker: Reranker | None = None,
+) -> HybridRetriever:
+    return HybridRetriever(
+        store,
+        embedder or build_embedder(settings),
+        reranker or build_reranker(settings),
+        retrieval_config(settings),
+    )
+
+
+@asynccontextmanager
+async def opened_retriever(settings: Settings) -> AsyncIterator[HybridRetriever]:
+    """The configured retriever over the opened store, closed on exit."""
+    store = await open_store(settings)
+    try:
+        yield build_retriever(settings, store)
+    finally:
+        await store.close()
+
+
+# --- the in-process backend -------------------------------------------------------------------
+
+
+def build_local_backend(
+    settings: Settings,
+    *,
+    authorizer: CedarAuthorizer | None = None,
+    llm: LLMClient | None = None,
+    embedder: Embedder | None = None,
+    downstream: Downstream | None = None,
+) -> LocalBackend:
+    """Every core object in this process (each part injectable for tests). Nothing here
+    touches the network or the database: the store opens on first use (or in ``start``)."""
+    closables: list[Closable] = []  # what this function built, the backend closes
+    client: LLMClient
+    if llm is None:
+        built_client = llm_client_or_placeholder(settings)
+        closables.append(built_client)
+        client = built_client
+    else:
+        client = llm
+    embedder = embedder or build_embedder(settings)
+    if downstream is None:
+        downstream = build_downstream(settings)
+        closables.append(downstream)
+    store = LazyStore(settings)
+    tools = local_tool_executor(
+        settings,
+        downstream=downstream,
+        authorizer=authorizer or load_authorizer(),
+        retriever=build_retriever(settings, store, embedder=embedder),
+    )
+    return LocalBackend(
+        settings=settings,
+        agent=build_agent(settings, llm=client, tools=tools),
+        store=store,
+        embedder=embedder,
+        closables=closables,
+    )

@@ -1,0 +1,206 @@
+"""Fixtures for the agent tests: the real local-world twin and sensor simulators and the
+scripted OpenAI-compatible model server, each over real HTTP on 127.0.0.1 (one per session,
+reset per test), the real Cedar policies, and builders for tool contexts and agents."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import PINNED, FakeRetriever, Mode, Service
+
+from agent.llm.openai_client import OpenAICompatibleClient
+from agent.loop import Agent
+from agent.tools import (
+    Downstream,
+    LocalToolExecutor,
+    ToolContext,
+    ToolRegistry,
+    build_default_registry,
+)
+from foundation.identity import AuthUser
+from foundation.settings import Settings
+from local_world._service import get_control
+from local_world.clock import FixedClock
+from local_world.scripted_llm import ScriptedLLM, create_llm_app
+from local_world.sensor_service import create_sensor_app
+from local_world.servers import run_in_thread
+from local_world.twin_service import create_twin_app
+from local_world.world import World, build_world
+from serve_app.authz import CedarAuthorizer, load_authorizer
+from serve_app.wiring import agent_config, build_downstream
+
+
+@pytest.fixture(scope="session")
+def world() -> World:
+    return build_world()
+
+
+@pytest.fixture(scope="session")
+def pinned_clock() -> FixedClock:
+    return FixedClock(PINNED)
+
+
+@pytest.fixture(scope="session")
+def _twin_server(world: World, pinned_clock: FixedClock) -> Iterator[Service]:
+    app = create_twin_app(world, clock=pinned_clock)
+    with run_in_thread(app) as url:
+        yield Service(url, get_control(app))
+
+
+@pytest.fixture(scope="session")
+def _sensor_server(world: World, pinned_clock: FixedClock) -> Iterator[Service]:
+    app = create_sensor_app(world, clock=pinned_clock)
+    with run_in_thread(app) as url:
+        yield Service(url, get_control(app))
+
+
+@pytest.fixture(scope="session")
+def _llm_server() -> Iterator[tuple[str, ScriptedLLM]]:
+    state = ScriptedLLM()
+    with run_in_thread(create_llm_app(state)) as url:
+        yield url, state
+
+
+def _reset(service: Service) -> None:
+    service.control.reset_faults()
+    service.control.clear_requests()
+
+
+@pytest.fixture
+def clock(pinned_clock: FixedClock) -> FixedClock:
+    pinned_clock.set(PINNED)
+    return pinned_clock
+
+
+@pytest.fixture
+def twin(_twin_server: Service, clock: FixedClock) -> Iterator[Service]:
+    _reset(_twin_server)
+    yield _twin_server
+    _reset(_twin_server)
+
+
+@pytest.fixture
+def sensor(_sensor_server: Service, clock: FixedClock) -> Iterator[Service]:
+    _reset(_sensor_server)
+    yield _sensor_server
+    _reset(_sensor_server)
+
+
+@pytest.fixture
+def llm(_llm_server: tuple[str, ScriptedLLM]) -> Iterator[ScriptedLLM]:
+    _, state = _llm_server
+    state.reset()
+    yield state
+    state.reset()
+
+
+@pytest.fixture
+def llm_url(_llm_server: tuple[str, ScriptedLLM], llm: ScriptedLLM) -> str:
+    return _llm_server[0] + "/v1"
+
+
+@pytest.fixture(scope="session")
+def authorizer() -> CedarAuthorizer:
+    return load_authorizer()
+
+
+@pytest.fixture
+def settings(twin: Service, sensor: Service, tmp_path: Path) -> Settings:
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        agent_service_home=tmp_path / "home",
+        twin_service_url=twin.url,
+        sensor_service_url=sensor.url,
+        twin_timeout_seconds=5.0,
+        answer_model="local/scripted",
+        llm_api_key="test-key",  # type: ignore[arg-type]
+        llm_max_retries=0,
+        llm_timeout_seconds=10.0,
+    )
+
+
+@pytest.fixture
+async def downstream(settings: Settings) -> AsyncIterator[Downstream]:
+    client = build_downstream(settings)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def retriever() -> FakeRetriever:
+    return FakeRetriever()
+
+
+@pytest.fixture
+def registry() -> ToolRegistry:
+    return build_default_registry(timeout_seconds=10.0)
+
+
+@pytest.fixture
+def make_ctx(
+    settings: Settings,
+    downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> Callable[..., ToolContext]:
+    def make(user: AuthUser, **overrides: Any) -> ToolContext:
+        values: dict[str, Any] = {
+            "user": user,
+            "downstream": downstream,
+            "authorizer": authorizer,
+            "retriever": retriever,
+            "clock": clock,
+        }
+        values.update(overrides)
+        return ToolContext(**values)
+
+    return make
+
+
+@pytest.fixture
+async def make_agent(
+    settings: Settings,
+    llm_url: str,
+    downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> AsyncIterator[Callable[..., Agent]]:
+    clients: list[OpenAICompatibleClient] = []
+
+    def make(mode: Mode, **setting_overrides: Any) -> Agent:
+        agent_settings = settings.model_copy(
+            update={"tool_calling_mode": mode, **setting_overrides}
+        )
+        client = OpenAICompatibleClient(
+            base_url=setting_overrides.get("llm_base_url", llm_url),
+            api_key="test-key",
+            default_model=agent_settings.answer_model,
+            tool_calling_mode=mode,
+            timeout_seconds=agent_settings.llm_timeout_seconds,
+            max_retries=agent_settings.llm_max_retries,
+        )
+        clients.append(client)
+        tools = LocalToolExecutor(
+            build_default_registry(timeout_seconds=10.0),
+            downstream=downstream,
+            authorizer=authorizer,
+            retriever=retriever,
+            clock=clock,
+            observe_payloads=agent_settings.observe_payloads,
+        )
+        return Agent(llm=client, tools=tools, config=agent_config(agent_settings))
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+# --- no test may reach a real model provider -----------------------------------------------
+# In the spirit of pydantic-ai's ``ALLOW_MODEL_REQUESTS = False``: building an ``openai`` SDK
+# client (every LLM client here does) for a base URL that is not a loopback address fails the
+# test, so no test can reach (or spend money at) a real provider, whatever its settings.
