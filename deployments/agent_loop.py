@@ -19,12 +19,10 @@ from agent.tools.executor import ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
 from deployments.metrics import RayServeMetrics
 from foundation.identity import AuthUser
-from foundation.observability.setup import configure_observability
-from foundation.settings import load_settings
 from foundation.tracing import use_context
 from serve_app.metrics import MetricsSink, answer_measurements
 from serve_app.readiness import ReadinessCheck, provider_check
-from serve_app.wiring import build_agent, build_llm_client, tool_registry
+from serve_app.wiring import build_agent, build_llm_client, replica_settings, tool_registry
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +84,7 @@ def _unavailable(call: ToolCall, started: float) -> ToolOutcome:
 )
 class AgentLoopDeployment:
     def __init__(self, tool_proxy: DeploymentHandle[Any]) -> None:
-        settings = load_settings()
-        configure_observability(settings, "AgentLoop")
+        settings = replica_settings("AgentLoop")
         self.settings = settings
         self.metrics: MetricsSink = RayServeMetrics()
         self._tool_proxy = tool_proxy

@@ -26,8 +26,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agent.answer import AgentAnswer, AgentEvent
 from foundation.identity import AuthUser
-from foundation.observability.setup import configure_observability
-from foundation.settings import Settings, load_settings
+from foundation.settings import Settings
 from serve_app.api.app import create_app
 from serve_app.authz import load_authorizer
 from serve_app.backend import (
@@ -39,6 +38,7 @@ from serve_app.backend import (
     IngestStatus,
 )
 from serve_app.readiness import Readiness, ReadinessCheck
+from serve_app.wiring import replica_settings
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0
@@ -228,8 +228,7 @@ class ServeBackend:
 @serve.ingress()
 class IngressDeployment:
     def __init__(self, agent_loop: DeploymentHandle[Any]) -> None:
-        self.settings = load_settings()
-        configure_observability(self.settings, "Ingress")
+        self.settings = replica_settings("Ingress")
         self.authorizer = load_authorizer()
         self.backend = ServeBackend(agent_loop, self.settings)
 

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from ray import serve
 
-from foundation.observability.setup import configure_observability
-from foundation.settings import load_settings
 from retrieval.rerankers import CrossEncoderReranker, build_reranker
+from serve_app.wiring import replica_settings
 
 
 @serve.deployment(
@@ -19,8 +18,7 @@ from retrieval.rerankers import CrossEncoderReranker, build_reranker
 )
 class RerankerDeployment:
     def __init__(self) -> None:
-        settings = load_settings()
-        configure_observability(settings, "Reranker")
+        settings = replica_settings("Reranker")
         self.reranker = build_reranker(settings)
 
     def name(self) -> str:

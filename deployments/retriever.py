@@ -12,16 +12,14 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.metrics import RayServeMetrics
-from foundation.observability.setup import configure_observability
-from foundation.settings import load_settings
 from foundation.tracing import use_context
 from retrieval.embedders import Embedder, Vectors, build_embedder
 from retrieval.rerankers import NoopReranker, Reranker
-from retrieval.search import HybridRetriever, SearchHit
+from retrieval.search import SearchHit
 from serve_app.knowledge import LazyStore
 from serve_app.metrics import MetricsSink, retrieval_measurement
 from serve_app.readiness import ReadinessCheck, lazy_store_checks
-from serve_app.wiring import retrieval_config
+from serve_app.wiring import build_retriever, replica_settings
 
 
 class _HandleReranker:
@@ -70,8 +68,7 @@ class _BatchedQueryEmbedder:
 )
 class RetrieverDeployment:
     def __init__(self, reranker: DeploymentHandle[Any]) -> None:
-        settings = load_settings()
-        configure_observability(settings, "Retriever")
+        settings = replica_settings("Retriever")
         self.settings = settings
         self.metrics: MetricsSink = RayServeMetrics()
         self.embedder = build_embedder(settings)
@@ -83,11 +80,11 @@ class RetrieverDeployment:
         # Opened on first use (and again after a failure), so a replica starts and reports
         # "database down" through /readyz instead of crash-looping while it is away.
         self.store = LazyStore(settings)
-        self.retriever = HybridRetriever(
+        self.retriever = build_retriever(
+            settings,
             self.store,
-            _BatchedQueryEmbedder(self.embedder, self._embed_one),
-            ranker,
-            retrieval_config(settings),
+            embedder=_BatchedQueryEmbedder(self.embedder, self._embed_one),
+            reranker=ranker,
         )
 
     # No wait: a lone query goes at once; queries arriving during a forward pass form the

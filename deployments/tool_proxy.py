@@ -13,13 +13,11 @@ from ray.serve.handle import DeploymentHandle
 from agent.llm.base import ToolCall
 from agent.tools.executor import ToolRequest
 from agent.tools.registry import ToolOutcome
-from foundation.observability.setup import configure_observability
-from foundation.settings import load_settings
 from foundation.tracing import inject_current
 from retrieval.search import SearchHit
 from serve_app.authz import load_authorizer
 from serve_app.readiness import ReadinessCheck
-from serve_app.wiring import build_downstream, local_tool_executor
+from serve_app.wiring import build_downstream, local_tool_executor, replica_settings
 
 
 class _HandleRetriever:
@@ -45,8 +43,7 @@ class _HandleRetriever:
 )
 class ToolProxyDeployment:
     def __init__(self, retriever: DeploymentHandle[Any]) -> None:
-        settings = load_settings()
-        configure_observability(settings, "ToolProxy")
+        settings = replica_settings("ToolProxy")
         self._retriever = retriever
         self.executor = local_tool_executor(
             settings,

@@ -21,7 +21,8 @@ from agent.tools.downstream import Downstream
 from agent.tools.executor import LocalToolExecutor, ToolExecutor
 from agent.tools.registry import ToolRegistry
 from foundation.database import migrate, resolve_database_url
-from foundation.settings import Settings, SettingsError
+from foundation.observability.setup import configure_observability
+from foundation.settings import Settings, SettingsError, load_settings
 from retrieval.embedders import Embedder, build_embedder
 from retrieval.rerankers import Reranker, build_reranker
 from retrieval.search import HybridRetriever, RetrievalConfig
@@ -33,6 +34,15 @@ from serve_app.local_backend import Closable, LocalBackend
 log = logging.getLogger(__name__)
 
 MISSING_KEY_PLACEHOLDER = "missing-api-key"
+
+
+def replica_settings(component: str) -> Settings:
+    """A Serve replica's start: the settings from its environment, and telemetry named after
+    its deployment (``component``)."""
+    settings = load_settings()
+    configure_observability(settings, component)
+    return settings
+
 
 # --- the model --------------------------------------------------------------------------------
 
