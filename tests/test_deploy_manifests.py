@@ -29,3 +29,15 @@ def test_serve_config_validates_with_serve_schema() -> None:
         assert deployment.ray_actor_options.num_cpus < 1
         assert deployment.autoscaling_config
         assert deployment.max_ongoing_requests >= 32
+
+
+def test_import_paths_old_and_new_resolve_to_the_serve_graph() -> None:
+    """``serve_config.yaml`` names ``deployments.graph:build_app``; a config written before the
+    renovation (``serve_app.app:build_app``) still deploys the same graph."""
+    from ray._common.utils import import_attr
+
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    new = import_attr(config["applications"][0]["import_path"])
+    old = import_attr("serve_app.app:build_app")
+    assert new is old
+    assert new.__module__ == "deployments.graph"
