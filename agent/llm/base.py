@@ -7,24 +7,39 @@ Adapters map a provider's wire format onto these types; the loop never sees the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Role = Literal["system", "user", "assistant", "tool"]
 
-# How a reply ended, as the loop sees it. ``decline`` and ``idk`` come from the json_schema
-# tool-calling mode's dedicated branches: the service writes their user-facing text.
-ReplyKind = Literal["text", "tool_calls", "decline", "idk"]
+# How a reply ended, as the loop sees it: an answer, tool calls, or a refusal to answer
+# (OpenAI's ``message.refusal``, or a mode's own out-of-scope signal); the service writes a
+# refusal's user-facing text.
+ReplyKind = Literal["text", "tool_calls", "refusal"]
+
+
+@dataclass(frozen=True)
+class ToolExample:
+    """A worked example for the prompt: a question and the call that answers it."""
+
+    question: str
+    reason: str  # the one-line rationale shown before the call (modes that ask for one)
+    arguments: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A tool as the model sees it: its name, description and JSON-schema parameters."""
+    """A tool as the model sees it: its name, description and JSON-schema parameters, plus
+    what the system prompt says about it (``guidance``: one line on when to use it;
+    ``examples``; ``prompt_order``: where both sit in the prompt, lower first)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
+    guidance: str | None = None
+    examples: tuple[ToolExample, ...] = ()
+    prompt_order: int = 100
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,7 @@ class ChatResult:
     usage: Usage
     model: str  # the model that answered (the provider's response.model when given)
     finish_reason: str | None = None
-    reason: str | None = None  # json_schema mode: the model's short reason, for traces only
+    reason: str | None = None  # the model's short reason or refusal text, for traces only
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,7 @@ class ProviderRejected(LLMError):
 
 
 class MalformedReply(LLMError):
-    """The reply could not be understood (e.g. invalid JSON in json_schema mode)."""
+    """The reply could not be understood (e.g. a structured step that is not valid JSON)."""
 
 
 @runtime_checkable

@@ -7,8 +7,10 @@ one branch of a ``oneOf``:
 * ``{"reason": "...", "tool": "<name>", "arguments": {...}}`` - one branch per tool, its
   ``arguments`` constrained by that tool's parameter schema;
 * ``{"reason": "...", "final_answer": "..."}`` - the answer text;
-* ``{"reason": "...", "decline": true}`` - out of scope; the service writes the refusal;
-* ``{"reason": "...", "idk": true}`` - in scope but unanswerable; the service writes the IDK.
+* ``{"reason": "...", "decline": true}`` - out of scope: a ``refusal`` reply (the service
+  writes the refusal text);
+* ``{"reason": "...", "idk": true}`` - in scope but unanswerable: a ``text`` reply holding
+  the IDK sentence (:data:`agent.markers.IDK_MARKER`), as a native model would write it.
 
 ``reason`` is the FIRST property of every branch: a short rationale before the decision
 measurably improves branch choice on a 1.5B model (NOTES.md). It is kept for traces only.
@@ -16,23 +18,60 @@ measurably improves branch choice on a 1.5B model (NOTES.md). It is kept for tra
 Tool results go back as plain ``user`` messages (see :func:`to_wire_messages`): no
 ``tools`` are declared in this mode, so ``tool`` roles and assistant ``tool_calls`` would be
 refused by strict servers and are rendered unevenly by small models' chat templates.
+
+:class:`JsonSchemaMode` is this mode's ``ModeAdapter`` for ``OpenAICompatibleClient``: no
+``tools`` are sent, the ``response_format`` constrains each reply to one step, and streaming
+yields the ``final_answer`` string's characters as ``TextDelta`` while they arrive (an
+incremental JSON string extractor); a tool step yields one ``ToolCallDelta`` at the end.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
+from openai.types.chat import ChatCompletionMessage
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+
 from agent.llm.base import (
+    ChatRequest,
     ChatResult,
+    Completed,
     MalformedReply,
     Message,
+    ReplyKind,
+    StreamEvent,
+    TextDelta,
     ToolCall,
+    ToolCallDelta,
+    ToolExample,
     ToolSpec,
     Usage,
 )
+from agent.llm.modes import ModeAdapter, ReplyMeta, prior_tool_calls
+from agent.markers import IDK_MARKER
+
+__all__ = [
+    "DEFAULT_EXAMPLES",
+    "DEFAULT_TOOL_RESULT_NOTE",
+    "ExampleItem",
+    "FinalAnswerExtractor",
+    "JsonSchemaMode",
+    "Slot",
+    "WorkedExample",
+    "parse_step",
+    "prior_tool_calls",
+    "render_tool_prompt",
+    "response_format",
+    "source_markers",
+    "step_schema",
+    "to_wire_messages",
+    "tool_examples",
+    "tool_signature",
+]
 
 SCHEMA_NAME = "agent_step"
 REASON_SCHEMA: dict[str, Any] = {"type": "string", "description": "One short sentence: why."}
@@ -135,7 +174,15 @@ class WorkedExample:
     step: Mapping[str, Any]
 
 
-DEFAULT_EXAMPLES: tuple[WorkedExample, ...] = (
+class Slot(Enum):
+    """In an examples list: where the offered tools' own examples (``ToolSpec.examples``) go."""
+
+    TOOL_EXAMPLES = "{{tool_examples}}"
+
+
+ExampleItem = WorkedExample | Slot
+
+DEFAULT_EXAMPLES: tuple[ExampleItem, ...] = (
     WorkedExample(
         "Hello!",
         {"reason": "a greeting", "final_answer": "Hello! How can I help you today?", "sources": []},
@@ -144,6 +191,7 @@ DEFAULT_EXAMPLES: tuple[WorkedExample, ...] = (
         "What is the capital of France?",
         {"reason": "general knowledge, outside my scope", "decline": True},
     ),
+    Slot.TOOL_EXAMPLES,
     WorkedExample(
         "(after the tools returned nothing relevant)",
         {"reason": "the tools found nothing that answers this", "idk": True},
@@ -181,40 +229,77 @@ def tool_signature(tool: ToolSpec) -> str:
     return f"{tool.name}({', '.join(args)})"
 
 
+_STEP_FORMAT = (
+    'Reply with exactly one JSON object per step. Start with a short "reason", then choose one:',
+    '- {"reason": "...", "tool": "<tool name>", "arguments": {...}} to call one tool;',
+    '- {"reason": "...", "final_answer": "...", "sources": ["<chunk_id>", ...]} to answer '
+    "the user; sources lists the chunk_id of every search_docs result the answer uses "
+    "([] when none);",
+    '- {"reason": "...", "decline": true} when the question is outside your scope;',
+    '- {"reason": "...", "idk": true} when the tools found nothing that answers it.',
+)
+
+
 def render_tool_prompt(
     tools: Sequence[ToolSpec],
-    examples: Sequence[WorkedExample] = DEFAULT_EXAMPLES,
+    examples: Sequence[ExampleItem] = DEFAULT_EXAMPLES,
+    more: Sequence[WorkedExample] = (),
 ) -> str:
     """The json_schema-mode part of the system prompt: the reply format, the tool list (one
-    line each) and one-line worked examples (question -> JSON step). Examples that name a tool
-    not in ``tools`` are left out, so a per-user tool subset never shows a forbidden tool."""
-    names = {tool.name for tool in tools}
-    lines = [
-        'Reply with exactly one JSON object per step. Start with a short "reason", then '
-        "choose one:",
-        '- {"reason": "...", "tool": "<tool name>", "arguments": {...}} to call one tool;',
-        '- {"reason": "...", "final_answer": "...", "sources": ["<chunk_id>", ...]} to answer '
-        "the user; sources lists the chunk_id of every search_docs result the answer uses "
-        "([] when none);",
-        '- {"reason": "...", "decline": true} when the question is outside your scope;',
-        '- {"reason": "...", "idk": true} when the tools found nothing that answers it.',
-    ]
+    line each) and one-line worked examples (question -> JSON step).
+
+    The offered tools' own examples go where ``examples`` holds ``Slot.TOOL_EXAMPLES`` (at
+    the end without one), in prompt order, each tool's followed by the ``more`` examples
+    that call it. Examples that name a tool not in ``tools`` are left out, so a per-user
+    tool subset never shows a forbidden tool."""
+    lines = list(_STEP_FORMAT)
     if tools:
-        lines += ["", "Tools:"]
-        for tool in tools:
-            description = " ".join(tool.description.split())
-            lines.append(
-                f"- {tool_signature(tool)}: {description}"
-                if description
-                else f"- {tool_signature(tool)}"
-            )
-    shown = [ex for ex in examples if ex.step.get("tool") in (None, *names)]
+        lines += ["", "Tools:", *(_tool_line(tool) for tool in tools)]
+    shown = [_example_line(example) for example in _examples(tools, examples, more)]
     if shown:
-        lines += ["", "Examples:"]
-        for example in shown:
-            step = json.dumps(dict(example.step), ensure_ascii=False)
-            lines.append(f"{example.question} -> {step}")
+        lines += ["", "Examples:", *shown]
     return "\n".join(lines)
+
+
+def _tool_line(tool: ToolSpec) -> str:
+    description = " ".join(tool.description.split())
+    return (
+        f"- {tool_signature(tool)}: {description}" if description else f"- {tool_signature(tool)}"
+    )
+
+
+def _example_line(example: WorkedExample) -> str:
+    return f"{example.question} -> {json.dumps(dict(example.step), ensure_ascii=False)}"
+
+
+def _examples(
+    tools: Sequence[ToolSpec], examples: Sequence[ExampleItem], more: Sequence[WorkedExample]
+) -> Iterator[WorkedExample]:
+    names = {tool.name for tool in tools}
+    items = list(examples)
+    if Slot.TOOL_EXAMPLES not in items:
+        items.append(Slot.TOOL_EXAMPLES)
+    for item in items:
+        if item is Slot.TOOL_EXAMPLES:
+            yield from tool_examples(tools, more)
+        elif isinstance(item, WorkedExample) and item.step.get("tool") in (None, *names):
+            yield item
+
+
+def tool_examples(
+    tools: Sequence[ToolSpec], more: Sequence[WorkedExample] = ()
+) -> Iterator[WorkedExample]:
+    """The tools' own examples as JSON steps, in prompt order (``ToolSpec.prompt_order``;
+    ties keep the given order), each tool's followed by the ``more`` examples calling it."""
+    for tool in sorted(tools, key=lambda spec: spec.prompt_order):
+        for example in tool.examples:
+            yield _tool_step(tool.name, example)
+        yield from (example for example in more if example.step.get("tool") == tool.name)
+
+
+def _tool_step(name: str, example: ToolExample) -> WorkedExample:
+    step = {"reason": example.reason, "tool": name, "arguments": dict(example.arguments)}
+    return WorkedExample(example.question, step)
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -271,11 +356,6 @@ def to_wire_messages(
             wire.append({"role": message.role, "content": message.content or ""})
     flush_results()
     return wire
-
-
-def prior_tool_calls(messages: Sequence[Message]) -> int:
-    """How many tool calls the conversation already holds (numbers the next call ids)."""
-    return sum(len(m.tool_calls) for m in messages if m.role == "assistant")
 
 
 # --- parsing a step --------------------------------------------------------------------------
@@ -335,7 +415,7 @@ def parse_step(
     reason = reason_value if isinstance(reason_value, str) else None
     branch = present[0]
 
-    def result(kind: Any, text: str | None, calls: tuple[ToolCall, ...] = ()) -> ChatResult:
+    def result(kind: ReplyKind, text: str | None, calls: tuple[ToolCall, ...] = ()) -> ChatResult:
         return ChatResult(
             kind=kind,
             text=text,
@@ -367,7 +447,9 @@ def parse_step(
         return result("text", answer + source_markers(answer, data.get("sources")))
     if data[branch] is not True:
         raise MalformedReply(f'"{branch}" must be true')
-    return result(branch, None)
+    if branch == "decline":
+        return result("refusal", None)
+    return result("text", IDK_MARKER)  # idk: the sentence a native model would write
 
 
 # --- streaming the final answer --------------------------------------------------------------
@@ -485,3 +567,65 @@ class FinalAnswerExtractor:
         elif char == "," and self._depth == 1:
             self._expect_key = True
             self._last_key = None
+
+
+# --- the ModeAdapter -------------------------------------------------------------------------
+
+
+class JsonSchemaMode(ModeAdapter):
+    """This mode on the OpenAI wire (see the module docstring)."""
+
+    name = "json_schema"
+
+    def __init__(
+        self, *, strict: bool = False, tool_result_note: str | None = DEFAULT_TOOL_RESULT_NOTE
+    ) -> None:
+        self._strict = strict
+        self._tool_result_note = tool_result_note
+
+    def wire_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        return to_wire_messages(messages, tool_result_note=self._tool_result_note)
+
+    def request_fields(self, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        return {"response_format": response_format(tools, strict=self._strict)}
+
+    def parse_reply(
+        self, message: ChatCompletionMessage, request: ChatRequest, meta: ReplyMeta
+    ) -> ChatResult:
+        return self._parse(message.content, request, meta)
+
+    async def stream_events(
+        self, deltas: AsyncIterator[ChoiceDelta], request: ChatRequest, meta: ReplyMeta
+    ) -> AsyncGenerator[StreamEvent, None]:
+        extractor = FinalAnswerExtractor()
+        content: list[str] = []
+        streamed: list[str] = []  # the answer text already yielded
+        async for delta in deltas:
+            if delta.content:
+                content.append(delta.content)
+                text = extractor.feed(delta.content)
+                if text:
+                    streamed.append(text)
+                    yield TextDelta(text)
+        result = self._parse("".join(content), request, meta)
+        for index, call in enumerate(result.tool_calls):
+            yield ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments)
+        answered = "".join(streamed)
+        if result.text and result.text.startswith(answered):
+            # What the step's JSON string did not hold: the citation markers made from
+            # "sources", or the whole IDK sentence of an idk step.
+            suffix = result.text[len(answered) :]
+            if suffix:
+                yield TextDelta(suffix)
+        yield Completed(result)
+
+    @staticmethod
+    def _parse(content: str | None, request: ChatRequest, meta: ReplyMeta) -> ChatResult:
+        return parse_step(
+            content,
+            request.tools,
+            usage=meta.usage,
+            model=meta.model,
+            finish_reason=meta.finish_reason,
+            call_number=prior_tool_calls(request.messages) + 1,
+        )

@@ -13,14 +13,12 @@ Error messages are built from the provider's error text, scrubbed of the API key
 anything shaped like a bearer token), and raised ``from None`` so no SDK exception carrying
 request details hangs off them.
 
-Two tool-calling modes (``tool_calling_mode``):
+The tool-calling mode (``tool_calling_mode``) is a :class:`~agent.llm.modes.ModeAdapter`
+the client owns; this module is the transport both share:
 
-* ``native``: OpenAI ``tools``/``tool_calls``. Streaming yields ``TextDelta`` for content and
-  ``ToolCallDelta`` for each tool-call fragment; ``Completed`` carries the reassembled calls.
-* ``json_schema``: no ``tools`` sent; a ``response_format`` JSON schema (see
-  :mod:`agent.llm.json_schema_mode`) constrains each reply to one step. Streaming
-  yields the ``final_answer`` string's characters as ``TextDelta`` while they arrive (an
-  incremental JSON string extractor); a tool step yields one ``ToolCallDelta`` at the end.
+* ``native`` (:mod:`agent.llm.native_mode`): OpenAI ``tools``/``tool_calls``.
+* ``json_schema`` (:mod:`agent.llm.json_schema_mode`): no ``tools`` sent; a
+  ``response_format`` JSON schema constrains each reply to one step.
 """
 
 from __future__ import annotations
@@ -28,32 +26,38 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from contextlib import aclosing
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
 
 from agent.llm import json_schema_mode
 from agent.llm.base import (
     ChatRequest,
     ChatResult,
-    Completed,
     LLMError,
     MalformedReply,
-    Message,
     ProviderRejected,
     ProviderUnavailable,
     StreamEvent,
-    TextDelta,
-    ToolCall,
-    ToolCallDelta,
-    ToolSpec,
     Usage,
 )
+from agent.llm.json_schema_mode import JsonSchemaMode
+from agent.llm.modes import ModeAdapter, ReplyMeta, ToolCallingMode
+from agent.llm.native_mode import NativeMode, native_tool, native_wire_messages
 
-ToolCallingMode = Literal["native", "json_schema"]
+__all__ = [
+    "API_KEY_VARIABLES",
+    "LOCAL_PLACEHOLDER_KEY",
+    "OpenAICompatibleClient",
+    "ToolCallingMode",
+    "mode_adapter",
+    "native_tool",
+    "native_wire_messages",
+]
 
 LOCAL_PLACEHOLDER_KEY = "local-no-key"
 API_KEY_VARIABLES = ("OPENROUTER_API_KEY", "LLM_API_KEY", "DEEPSEEK_API_KEY", "GOOGLE_API_KEY")
@@ -103,11 +107,18 @@ def _provider_message(exc: openai.APIError) -> str:
     return exc.message
 
 
-@dataclass
-class _ToolCallBuffer:
-    id: str | None = None
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
+def mode_adapter(
+    mode: ToolCallingMode,
+    *,
+    json_schema_strict: bool = False,
+    tool_result_note: str | None = json_schema_mode.DEFAULT_TOOL_RESULT_NOTE,
+) -> ModeAdapter:
+    """The adapter for a ``tool_calling_mode`` name (the json_schema options are its own)."""
+    if mode == "native":
+        return NativeMode()
+    if mode == "json_schema":
+        return JsonSchemaMode(strict=json_schema_strict, tool_result_note=tool_result_note)
+    raise ValueError(f"unknown tool_calling_mode {mode!r}")
 
 
 class OpenAICompatibleClient:
@@ -134,16 +145,16 @@ class OpenAICompatibleClient:
         ``tool_result_note`` ends each json_schema-mode tool-results message (None: nothing).
         ``request_provider_cost`` asks for OpenRouter's usage accounting (``usage.cost``);
         None: only when the base URL is openrouter.ai (other providers reject the field)."""
-        if tool_calling_mode not in ("native", "json_schema"):
-            raise ValueError(f"unknown tool_calling_mode {tool_calling_mode!r}")
+        self._mode = mode_adapter(
+            tool_calling_mode,
+            json_schema_strict=json_schema_strict,
+            tool_result_note=tool_result_note,
+        )
         self._base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._default_model = default_model
-        self._mode: ToolCallingMode = tool_calling_mode
         self._max_output_tokens = max_output_tokens
         self._temperature = temperature
-        self._strict = json_schema_strict
-        self._tool_result_note = tool_result_note
         self._stream_usage = stream_usage
         host = urlparse(self._base_url).hostname or ""
         self._provider_cost = (
@@ -166,7 +177,7 @@ class OpenAICompatibleClient:
 
     @property
     def tool_calling_mode(self) -> ToolCallingMode:
-        return self._mode
+        return self._mode.name
 
     @property
     def base_url(self) -> str:
@@ -174,7 +185,6 @@ class OpenAICompatibleClient:
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         kwargs = self._request_kwargs(request, stream=False)
-        model = kwargs["model"]
         try:
             completion = await self._sdk.chat.completions.create(**kwargs)
         except Exception as exc:
@@ -182,102 +192,25 @@ class OpenAICompatibleClient:
         if not completion.choices:
             raise MalformedReply("the provider returned no choices")
         choice = completion.choices[0]
-        message = choice.message
-        usage = self._usage(completion.usage)
-        answered_by = completion.model or model
-        if self._mode == "json_schema":
-            return json_schema_mode.parse_step(
-                message.content,
-                request.tools,
-                usage=usage,
-                model=answered_by,
-                finish_reason=choice.finish_reason,
-                call_number=json_schema_mode.prior_tool_calls(request.messages) + 1,
-            )
-        calls: list[ToolCall] = []
-        first = json_schema_mode.prior_tool_calls(request.messages) + 1
-        for index, call in enumerate(message.tool_calls or ()):
-            function = getattr(call, "function", None)
-            if function is None:  # a custom (non-function) tool call: not ours
-                continue
-            calls.append(
-                ToolCall(
-                    id=call.id or f"call_{first + index}",
-                    name=function.name,
-                    arguments=function.arguments or "",
-                )
-            )
-        return self._native_result(
-            message.content,
-            getattr(message, "refusal", None),
-            tuple(calls),
-            usage,
-            answered_by,
-            choice.finish_reason,
+        meta = ReplyMeta(
+            model=completion.model or kwargs["model"],
+            usage=self._usage(completion.usage),
+            finish_reason=choice.finish_reason,
         )
+        return self._mode.parse_reply(choice.message, request, meta)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         kwargs = self._request_kwargs(request, stream=True)
-        model: str = kwargs["model"]
         try:
             response = await self._sdk.chat.completions.create(**kwargs)
         except Exception as exc:
             self._raise_mapped(exc)
-        content: list[str] = []
-        refusal: list[str] = []
-        buffers: dict[int, _ToolCallBuffer] = {}  # by call slot, in order of appearance
-        slots: dict[int, int] = {}  # the provider's tool-call index -> its current slot
-        finish_reason: str | None = None
-        usage = Usage()
-        extractor = json_schema_mode.FinalAnswerExtractor() if self._mode == "json_schema" else None
-        streamed: list[str] = []  # json_schema mode: the answer text already yielded
+        meta = ReplyMeta(model=kwargs["model"])
+        events = self._mode.stream_events(self._deltas(response, meta), request, meta)
         try:
-            async for chunk in response:
-                if chunk.model:
-                    model = chunk.model
-                if chunk.usage is not None:
-                    usage = self._usage(chunk.usage)
-                for choice in chunk.choices[:1]:
-                    delta = choice.delta
-                    finish_reason = choice.finish_reason or finish_reason
-                    if delta.content:
-                        content.append(delta.content)
-                        if extractor is None:
-                            yield TextDelta(delta.content)
-                        else:
-                            text = extractor.feed(delta.content)
-                            if text:
-                                streamed.append(text)
-                                yield TextDelta(text)
-                    if getattr(delta, "refusal", None):
-                        refusal.append(str(delta.refusal))
-                    for tool_delta in delta.tool_calls or ():
-                        # Some OpenAI-compatible providers send parallel calls under one
-                        # index; a new id at a used index starts a new call.
-                        slot = slots.get(tool_delta.index)
-                        if slot is None or (
-                            tool_delta.id and buffers[slot].id and tool_delta.id != buffers[slot].id
-                        ):
-                            slot = slots[tool_delta.index] = len(buffers)
-                            buffers[slot] = _ToolCallBuffer()
-                        buffer = buffers[slot]
-                        name = tool_delta.function.name if tool_delta.function else None
-                        arguments = (
-                            (tool_delta.function.arguments or "") if tool_delta.function else ""
-                        )
-                        if tool_delta.id:
-                            buffer.id = tool_delta.id
-                        if name:
-                            buffer.name += name
-                        if arguments:
-                            buffer.arguments.append(arguments)
-                        if extractor is None:
-                            yield ToolCallDelta(
-                                index=slot,
-                                id=tool_delta.id or None,
-                                name=name or None,
-                                arguments=arguments,
-                            )
+            async with aclosing(events):
+                async for event in events:
+                    yield event
         except LLMError:
             raise
         except Exception as exc:
@@ -285,66 +218,17 @@ class OpenAICompatibleClient:
         finally:
             await response.close()
 
-        text = "".join(content)
-        if self._mode == "json_schema":
-            result = json_schema_mode.parse_step(
-                text,
-                request.tools,
-                usage=usage,
-                model=model,
-                finish_reason=finish_reason,
-                call_number=json_schema_mode.prior_tool_calls(request.messages) + 1,
-            )
-            for index, call in enumerate(result.tool_calls):
-                yield ToolCallDelta(
-                    index=index, id=call.id, name=call.name, arguments=call.arguments
-                )
-            answered = "".join(streamed)
-            if result.text and result.text.startswith(answered):
-                # The citation markers made from "sources" come after the streamed answer.
-                suffix = result.text[len(answered) :]
-                if suffix:
-                    yield TextDelta(suffix)
-            yield Completed(result)
-            return
-        first = json_schema_mode.prior_tool_calls(request.messages) + 1
-        calls = tuple(
-            ToolCall(
-                id=buffers[i].id or f"call_{first + n}",
-                name=buffers[i].name,
-                arguments="".join(buffers[i].arguments),
-            )
-            for n, i in enumerate(sorted(buffers))
-        )
-        yield Completed(
-            self._native_result(
-                text if content else None,
-                "".join(refusal) or None,
-                calls,
-                usage,
-                model,
-                finish_reason,
-            )
-        )
-
     async def aclose(self) -> None:
         await self._sdk.close()
 
     # --- helpers -----------------------------------------------------------------------------
 
     def _request_kwargs(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": request.model or self._default_model}
-        if self._mode == "json_schema":
-            kwargs["messages"] = json_schema_mode.to_wire_messages(
-                request.messages, tool_result_note=self._tool_result_note
-            )
-            kwargs["response_format"] = json_schema_mode.response_format(
-                request.tools, strict=self._strict
-            )
-        else:
-            kwargs["messages"] = native_wire_messages(request.messages)
-            if request.tools:
-                kwargs["tools"] = [native_tool(tool) for tool in request.tools]
+        kwargs: dict[str, Any] = {
+            "model": request.model or self._default_model,
+            "messages": self._mode.wire_messages(request.messages),
+            **self._mode.request_fields(request.tools),
+        }
         max_tokens = request.max_output_tokens or self._max_output_tokens
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
@@ -384,21 +268,17 @@ class OpenAICompatibleClient:
             provider_cost_usd=provider_cost,
         )
 
-    @staticmethod
-    def _native_result(
-        content: str | None,
-        refusal: str | None,
-        calls: tuple[ToolCall, ...],
-        usage: Usage,
-        model: str,
-        finish_reason: str | None,
-    ) -> ChatResult:
-        if calls:
-            return ChatResult("tool_calls", content or None, calls, usage, model, finish_reason)
-        if refusal and not content:
-            # OpenAI's safety refusal: the service answers it like an out-of-scope question.
-            return ChatResult("decline", None, (), usage, model, finish_reason, reason=refusal)
-        return ChatResult("text", content or "", (), usage, model, finish_reason)
+    async def _deltas(self, response: Any, meta: ReplyMeta) -> AsyncIterator[ChoiceDelta]:
+        """The first choice's deltas of an SDK stream; ``meta`` follows the chunks' model,
+        usage and finish reason."""
+        async for chunk in response:
+            if chunk.model:
+                meta.model = chunk.model
+            if chunk.usage is not None:
+                meta.usage = self._usage(chunk.usage)
+            for choice in chunk.choices[:1]:
+                meta.finish_reason = choice.finish_reason or meta.finish_reason
+                yield choice.delta
 
     def _raise_mapped(self, exc: Exception) -> NoReturn:
         """Map an SDK/transport exception onto the port's typed errors (key scrubbed)."""
@@ -436,48 +316,3 @@ class OpenAICompatibleClient:
         if isinstance(exc, ValueError):  # JSONDecodeError: a truncated body or SSE event
             raise MalformedReply("the model provider sent an unparseable reply") from None
         raise exc
-
-
-def native_tool(tool: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters or {"type": "object", "properties": {}},
-        },
-    }
-
-
-def native_wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Port messages -> OpenAI chat messages (``tool`` results keep their ``tool_call_id``)."""
-    wire: list[dict[str, Any]] = []
-    for message in messages:
-        if message.role == "tool":
-            if not message.tool_call_id:
-                raise ValueError("a tool message needs the tool_call_id it answers")
-            wire.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": message.tool_call_id,
-                    "content": message.content or "",
-                }
-            )
-        elif message.role == "assistant" and message.tool_calls:
-            wire.append(
-                {
-                    "role": "assistant",
-                    "content": message.content or None,
-                    "tool_calls": [
-                        {
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": call.arguments or "{}"},
-                        }
-                        for call in message.tool_calls
-                    ],
-                }
-            )
-        else:
-            wire.append({"role": message.role, "content": message.content or ""})
-    return wire

@@ -1,10 +1,15 @@
 """Versioned system prompts (``system_<version>.md`` + ``modes_<version>.json``) and the fixed
-sentences the service detects or writes itself.
+sentences the service detects or writes itself (defined in :mod:`agent.markers`).
 
 The markdown is the prompt; ``modes_<version>.json`` holds the few sentences that differ per
 tool-calling mode (native: the model writes the refusal/IDK sentence; json_schema: it picks
 the ``decline``/``idk`` branch and the service writes the sentence) and the worked examples
-shown in json_schema mode.
+shown in json_schema mode that are about no particular tool.
+
+What the prompt says about a tool comes from the tools offered (``ToolSpec.guidance``, one
+line each in place of ``{{tool_guidance}}``; ``ToolSpec.examples`` in place of the
+``"{{tool_examples}}"`` entry of ``examples``), so adding a tool needs no prompt edit. A
+version's own extra tool examples (``more_tool_examples``) follow that tool's examples.
 """
 
 from __future__ import annotations
@@ -18,23 +23,29 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.llm.base import ToolSpec
-from agent.llm.json_schema_mode import WorkedExample, render_tool_prompt
+from agent.llm.json_schema_mode import ExampleItem, Slot, WorkedExample, render_tool_prompt
+from agent.markers import DECLINE_TEXT, IDK_MARKER, REFUSAL_MARKER
+
+__all__ = [
+    "DECLINE_TEXT",
+    "DEFAULT_VERSION",
+    "IDK_MARKER",
+    "PROMPT_DIR",
+    "REFUSAL_MARKER",
+    "Mode",
+    "PromptError",
+    "SystemPrompt",
+    "is_idk",
+    "is_refusal",
+    "load_system_prompt",
+]
 
 PROMPT_DIR = Path(__file__).parent
 DEFAULT_VERSION = "v1"
 
-# Returned verbatim when the data does not answer the question (and on hop exhaustion).
-IDK_MARKER = "I don't know based on the available CrowdVision data."
-# Every out-of-scope refusal starts with this; the service detects it in native mode.
-REFUSAL_MARKER = "I can only help with CrowdVision"
-# What the service answers for a json_schema-mode ``decline`` step.
-DECLINE_TEXT = (
-    f"{REFUSAL_MARKER}: your buildings and rooms, live occupancy and sensors, "
-    "and how the platform works."
-)
-
 Mode = Literal["native", "json_schema"]
-_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# A placeholder alone on its line (group 1) or inline (group 2).
+_PLACEHOLDER = re.compile(r"^\{\{(\w+)\}\}\n|\{\{(\w+)\}\}", re.M)
 _CONSTANTS = {"IDK_MARKER": IDK_MARKER, "REFUSAL_MARKER": REFUSAL_MARKER}
 
 
@@ -44,9 +55,12 @@ class PromptError(RuntimeError):
 
 def _fill(text: str, values: dict[str, str], source: str) -> str:
     def replace(match: re.Match[str]) -> str:
-        name = match.group(1)
+        own_line = match.group(1) is not None
+        name = match.group(1) if own_line else match.group(2)
         if name not in values:
             raise PromptError(f"{source}: unknown placeholder {{{{{name}}}}}")
+        if own_line:  # an empty value drops its line (e.g. no tool has guidance)
+            return values[name] + "\n" if values[name] else ""
         return values[name]
 
     return _PLACEHOLDER.sub(replace, text)
@@ -57,20 +71,28 @@ class SystemPrompt:
     version: str
     template: str
     rules: dict[str, dict[str, str]]
-    examples: tuple[WorkedExample, ...]
+    examples: tuple[ExampleItem, ...]
+    more_tool_examples: tuple[WorkedExample, ...] = ()
 
     def render(self, mode: Mode, tools: Sequence[ToolSpec] = ()) -> str:
-        """The system message for a tool-calling mode (json_schema adds the step format, the
-        tool list and worked examples for the offered tools)."""
+        """The system message for a tool-calling mode and the offered tools (their guidance
+        lines; json_schema adds the step format, the tool list and worked examples)."""
         if mode not in self.rules:
             raise PromptError(f"prompt {self.version} has no rules for mode {mode!r}")
         rules = {
             k: _fill(v, _CONSTANTS, f"modes_{self.version}") for k, v in self.rules[mode].items()
         }
-        text = _fill(self.template, {**_CONSTANTS, **rules}, f"system_{self.version}.md").strip()
+        values = {**_CONSTANTS, **rules, "tool_guidance": tool_guidance(tools)}
+        text = _fill(self.template, values, f"system_{self.version}.md").strip()
         if mode == "json_schema":
-            text += "\n\n" + render_tool_prompt(tools, self.examples)
+            text += "\n\n" + render_tool_prompt(tools, self.examples, self.more_tool_examples)
         return text
+
+
+def tool_guidance(tools: Sequence[ToolSpec]) -> str:
+    """The offered tools' guidance, one ``- `` line each, in prompt order."""
+    ordered = sorted(tools, key=lambda spec: spec.prompt_order)
+    return "\n".join(f"- {spec.guidance}" for spec in ordered if spec.guidance)
 
 
 @cache
@@ -85,11 +107,24 @@ def load_system_prompt(version: str = DEFAULT_VERSION) -> SystemPrompt:
         for mode in ("native", "json_schema")
         if mode in data
     }
-    examples = tuple(WorkedExample(question, step) for question, step in data.get("examples", []))
-    prompt = SystemPrompt(version, template_path.read_text(encoding="utf-8"), rules, examples)
+    examples = tuple(_example_item(item) for item in data.get("examples", []))
+    more = tuple(WorkedExample(q, step) for q, step in data.get("more_tool_examples", []))
+    template = template_path.read_text(encoding="utf-8")
+    prompt = SystemPrompt(version, template, rules, examples, more)
     for mode in ("native", "json_schema"):
         prompt.render(mode)  # fail fast on a missing mode or a bad placeholder
     return prompt
+
+
+def _example_item(item: Any) -> ExampleItem:
+    """``[question, step]``, or the ``"{{tool_examples}}"`` slot."""
+    if isinstance(item, str):
+        try:
+            return Slot(item)
+        except ValueError:
+            raise PromptError(f"unknown examples entry {item!r}") from None
+    question, step = item
+    return WorkedExample(question, step)
 
 
 def _normalise(text: str) -> str:

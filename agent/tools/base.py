@@ -17,13 +17,22 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, get_args, get_orig
 from pydantic import BaseModel, JsonValue
 
 from agent.access import DomainAuthorizer
-from agent.llm.base import ToolSpec
+from agent.llm.base import ToolExample, ToolSpec
 from agent.tools.downstream import Downstream
 from agent.tools.errors import ToolError
 from foundation.identity import AuthUser
 from retrieval.search import SearchHit
 
-__all__ = ["ArgsT", "ChunkSink", "Retriever", "Tool", "ToolContext", "ToolError", "utc_now"]
+__all__ = [
+    "ArgsT",
+    "ChunkSink",
+    "Retriever",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolExample",
+    "utc_now",
+]
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -101,12 +110,20 @@ def _compact_schema(schema: Any) -> Any:
 
 class Tool(ABC, Generic[ArgsT]):
     """Subclass as ``class GetRoom(Tool[GetRoomArgs])``: ``args_model`` is taken from the
-    type argument. Set ``name`` and ``description``; implement ``run``."""
+    type argument. Set ``name`` and ``description``; implement ``run``.
+
+    What the system prompt says about the tool lives here too, so adding a tool needs no
+    prompt edit: ``guidance`` (one line in the prompt's Tools section: when to use it),
+    ``examples`` (worked examples shown to json_schema-mode models) and ``prompt_order``
+    (where both sit among the other tools', lower first; ties keep the registry order)."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     args_model: type[ArgsT]
     timeout_seconds: ClassVar[float | None] = None  # None: the registry's default
+    guidance: ClassVar[str | None] = None
+    examples: ClassVar[tuple[ToolExample, ...]] = ()
+    prompt_order: ClassVar[int] = 100
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,7 +140,14 @@ class Tool(ABC, Generic[ArgsT]):
         return schema
 
     def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, self.description, self.parameters_schema())
+        return ToolSpec(
+            self.name,
+            self.description,
+            self.parameters_schema(),
+            guidance=self.guidance,
+            examples=self.examples,
+            prompt_order=self.prompt_order,
+        )
 
     @abstractmethod
     async def run(self, args: ArgsT, ctx: ToolContext) -> JsonValue:

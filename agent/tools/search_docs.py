@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, JsonValue
 
-from agent.tools.base import Tool, ToolContext, ToolError
+from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
 from agent.tools.twin import Args
 
 MAX_CHUNK_CHARS = 1500
@@ -29,6 +29,15 @@ class SearchDocs(Tool[SearchDocsArgs]):
         "Search the CrowdVision documentation (how the platform works: features, settings, "
         "sensors, alerts, APIs, troubleshooting). Cite what you use as [^chunk_id]."
     )
+    guidance = "How the platform works: search_docs."
+    examples = (
+        ToolExample(
+            "How do I set up an occupancy alert?",
+            "how the platform works",
+            {"query": "set up occupancy alert"},
+        ),
+    )
+    prompt_order = 80
 
     async def run(self, args: SearchDocsArgs, ctx: ToolContext) -> JsonValue:
         if ctx.retriever is None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, JsonValue
 from pydantic.json_schema import SkipJsonSchema
 
-from agent.tools.base import Tool, ToolContext, ToolError
+from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
 from agent.tools.downstream import NotFoundError, path
 from agent.tools.twin import (
     BUILDING_NOT_FOUND,
@@ -94,6 +94,18 @@ class ListSensors(Tool[ListSensorsArgs]):
         "building or one of its rooms. Tells 'no sensor installed' apart from 'no reading'. "
         "Returns no measurements: use get_latest_sensor_data or get_sensor_history for those."
     )
+    guidance = (
+        "Which sensors exist (is something installed at all?): list_sensors. "
+        "Measurements: get_latest_sensor_data (now) or get_sensor_history (over time)."
+    )
+    examples = (
+        ToolExample(
+            "Does building bld-123 have humidity sensors?",
+            "what is installed",
+            {"building_id": "bld-123"},
+        ),
+    )
+    prompt_order = 50
 
     async def run(self, args: ListSensorsArgs, ctx: ToolContext) -> JsonValue:
         building = await accessible_building(ctx, args.building_id)
@@ -157,6 +169,14 @@ class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
         "The most recent reading of each sensor in a room (value, unit, time, status), "
         "optionally of one sensor type (occupancy, co2, temperature, humidity, door_counter)."
     )
+    examples = (
+        ToolExample(
+            "What is the temperature in room rm-123-a?",
+            "a current reading",
+            {"room_id": "rm-123-a", "sensor_type": "temperature"},
+        ),
+    )
+    prompt_order = 60
 
     async def run(self, args: GetLatestSensorDataArgs, ctx: ToolContext) -> JsonValue:
         room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)
@@ -271,6 +291,14 @@ class GetSensorHistory(Tool[GetSensorHistoryArgs]):
         f"downsampled to at most {MAX_POINTS} points (average, min, max per point) plus a "
         "summary (mean, min, max and when)."
     )
+    examples = (
+        ToolExample(
+            "How did CO2 change in room rm-123-a over the last 8 hours?",
+            "readings over time",
+            {"room_id": "rm-123-a", "sensor_type": "co2", "hours": 8},
+        ),
+    )
+    prompt_order = 70
 
     async def run(self, args: GetSensorHistoryArgs, ctx: ToolContext) -> JsonValue:
         room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)

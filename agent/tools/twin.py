@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, St
 from pydantic.json_schema import SkipJsonSchema
 
 from agent.access import accessible_domains
-from agent.tools.base import Tool, ToolContext, ToolError
+from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
 from agent.tools.downstream import NotFoundError, path
 
 BUILDING_NOT_FOUND = "Building not found or not accessible."
@@ -164,6 +164,18 @@ class ListBuildings(Tool[ListBuildingsArgs]):
         "List the buildings the user can see (ID, name, domain, address, floors, rooms, "
         "capacity). Use it to resolve a building name to its building_id."
     )
+    guidance = (
+        "Resolve a building name with list_buildings (use its name filter), "
+        "then get_building for its rooms."
+    )
+    examples = (
+        ToolExample(
+            "How busy is Harbor Warehouse right now?",
+            "resolve the building name first",
+            {"name": "Harbor Warehouse"},
+        ),
+    )
+    prompt_order = 10
 
     async def run(self, args: ListBuildingsArgs, ctx: ToolContext) -> JsonValue:
         data = await ctx.downstream.twin("/buildings", ctx.user)
@@ -201,6 +213,14 @@ class GetBuildingArgs(Args):
 class GetBuilding(Tool[GetBuildingArgs]):
     name = "get_building"
     description = "One building's details and its rooms (room IDs, names, floors, capacity)."
+    examples = (
+        ToolExample(
+            "Which rooms are in building bld-123?",
+            "rooms of a building",
+            {"building_id": "bld-123"},
+        ),
+    )
+    prompt_order = 20
 
     async def run(self, args: GetBuildingArgs, ctx: ToolContext) -> JsonValue:
         building = await accessible_building(ctx, args.building_id)
@@ -215,6 +235,7 @@ class GetRoomArgs(Args):
 class GetRoom(Tool[GetRoomArgs]):
     name = "get_room"
     description = "One room's details (name, floor, capacity, type) and its building."
+    prompt_order = 30
 
     async def run(self, args: GetRoomArgs, ctx: ToolContext) -> JsonValue:
         room, building = await accessible_room(ctx, args.room_id)
@@ -241,6 +262,15 @@ class GetRoomOccupancy(Tool[GetRoomOccupancyArgs]):
         "Live occupancy of one or more rooms: people now, capacity, utilisation (0-1) and "
         "the reading time. occupancy is null when the room has no working occupancy sensor."
     )
+    guidance = "Occupancy: get_room_occupancy with every room you need in one call."
+    examples = (
+        ToolExample(
+            "How many people are in room rm-123-a and rm-123-b?",
+            "live occupancy of rooms",
+            {"room_ids": ["rm-123-a", "rm-123-b"]},
+        ),
+    )
+    prompt_order = 40
 
     async def run(self, args: GetRoomOccupancyArgs, ctx: ToolContext) -> JsonValue:
         room_ids = list(dict.fromkeys(args.room_ids))

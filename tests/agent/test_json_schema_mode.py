@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.llm.base import MalformedReply, Message, ToolCall, ToolSpec, Usage
+from agent.llm.base import MalformedReply, Message, ToolCall, ToolExample, ToolSpec, Usage
 from agent.llm.json_schema_mode import (
     DEFAULT_EXAMPLES,
     FinalAnswerExtractor,
@@ -22,6 +22,7 @@ from agent.llm.json_schema_mode import (
     to_wire_messages,
     tool_signature,
 )
+from agent.markers import IDK_MARKER
 
 OCCUPANCY = ToolSpec(
     "get_room_occupancy",
@@ -101,6 +102,43 @@ def test_tool_signature_and_prompt() -> None:
     for line in prompt.splitlines():
         if " -> " in line:
             json.loads(line.split(" -> ", 1)[1])  # every example is valid JSON
+
+
+def test_tools_own_examples_fill_the_slot_in_prompt_order() -> None:
+    def spec(name: str, order: int) -> ToolSpec:
+        example = ToolExample(f"Ask {name}?", f"needs {name}", {"q": name})
+        return ToolSpec(name, f"The {name} tool.", {}, examples=(example,), prompt_order=order)
+
+    more = WorkedExample("Ask b again?", {"reason": "b too", "tool": "b", "arguments": {}})
+    prompt = render_tool_prompt([spec("b", 2), spec("a", 1)], DEFAULT_EXAMPLES, [more])
+    questions = [line.split(" -> ")[0] for line in prompt.splitlines() if " -> " in line]
+    assert questions == [
+        "Hello!",
+        "What is the capital of France?",
+        "Ask a?",
+        "Ask b?",
+        "Ask b again?",
+        "(after the tools returned nothing relevant)",
+    ]
+    assert 'Ask a? -> {"reason": "needs a", "tool": "a", "arguments": {"q": "a"}}' in prompt
+    assert "Ask b again?" not in render_tool_prompt([spec("a", 1)], DEFAULT_EXAMPLES, [more])
+    slotless = render_tool_prompt([spec("a", 1)], [DEFAULT_EXAMPLES[0]])
+    assert slotless.splitlines()[-1].startswith("Ask a? -> ")  # no slot: tools' at the end
+
+
+@pytest.mark.parametrize(
+    ("step", "kind", "text"),
+    [
+        ('{"reason": "off-topic", "decline": true}', "refusal", None),
+        ('{"reason": "nothing found", "idk": true}', "text", IDK_MARKER),
+    ],
+)
+def test_decline_and_idk_steps_are_mode_neutral_replies(
+    step: str, kind: str, text: str | None
+) -> None:
+    result = _parse(step)
+    assert (result.kind, result.text, result.tool_calls) == (kind, text, ())
+    assert result.reason == json.loads(step)["reason"]
 
 
 def test_wire_messages_merge_consecutive_tool_results() -> None:

@@ -28,11 +28,15 @@ from agent.llm.base import (
     ToolCallDelta,
     ToolSpec,
 )
+from agent.llm.json_schema_mode import JsonSchemaMode
+from agent.llm.native_mode import NativeMode
 from agent.llm.openai_client import (
     OpenAICompatibleClient,
     ToolCallingMode,
     _redact,
+    mode_adapter,
 )
+from agent.markers import IDK_MARKER
 from foundation.settings import Settings, SettingsError
 from local_world.scripted_llm import ScriptedLLM
 from local_world.servers import run_in_thread
@@ -366,6 +370,35 @@ async def test_parallel_calls_sent_under_one_index_stay_apart(
     assert [d.index for d in events if isinstance(d, ToolCallDelta)] == [0, 0, 1]
 
 
+async def test_a_streamed_refusal_is_a_refusal_reply(
+    raw_stream: tuple[str, RawStream], make_client: MakeClient
+) -> None:
+    url, raw = raw_stream
+    raw.events = [
+        chunk({"role": "assistant", "content": None, "refusal": "I can't help with that."}),
+        chunk({}, "stop"),
+    ]
+    events, result = await collect(make_client(base_url=url), ask("something unsafe"))
+    assert (result.kind, result.text, result.reason) == ("refusal", None, "I can't help with that.")
+    assert not [e for e in events if isinstance(e, TextDelta)]
+
+
+def test_the_client_owns_one_mode_adapter() -> None:
+    for mode, adapter in (("native", NativeMode), ("json_schema", JsonSchemaMode)):
+        client = OpenAICompatibleClient(
+            base_url="http://127.0.0.1:9/v1", api_key="k", default_model="m", tool_calling_mode=mode
+        )
+        assert client.tool_calling_mode == mode
+        assert isinstance(mode_adapter(mode), adapter)
+    with pytest.raises(ValueError, match="unknown tool_calling_mode"):
+        OpenAICompatibleClient(
+            base_url="http://x/v1",
+            api_key="k",
+            default_model="m",
+            tool_calling_mode="xml",  # type: ignore[arg-type]
+        )
+
+
 async def test_an_error_event_mid_stream_is_unavailable(
     raw_stream: tuple[str, RawStream], make_client: MakeClient
 ) -> None:
@@ -445,8 +478,9 @@ async def test_json_schema_tool_branch(llm: ScriptedLLM, make_client: MakeClient
             "text",
             "Hello! How can I help?",
         ),
-        ({"reason": "not about CrowdVision", "decline": True}, "decline", None),
-        ({"reason": "the tools found nothing", "idk": True}, "idk", None),
+        # decline: a refusal (the service writes its text); idk: the IDK sentence, streamed
+        ({"reason": "not about CrowdVision", "decline": True}, "refusal", None),
+        ({"reason": "the tools found nothing", "idk": True}, "text", IDK_MARKER),
     ],
 )
 async def test_json_schema_answer_branches(

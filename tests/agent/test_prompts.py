@@ -2,19 +2,116 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import Any
+
 import pytest
 
-from agent.llm.json_schema_mode import step_schema
+from agent.llm.base import ToolExample, ToolSpec
+from agent.llm.json_schema_mode import response_format, step_schema
 from agent.prompts import (
     DECLINE_TEXT,
     IDK_MARKER,
     REFUSAL_MARKER,
+    Mode,
     PromptError,
     is_idk,
     is_refusal,
     load_system_prompt,
 )
-from agent.tools import build_default_registry
+from agent.tools import Tool, build_default_registry
+from agent.tools.search_docs import SearchDocs
+from agent.tools.sensor import GetLatestSensorData, GetSensorHistory, ListSensors
+from agent.tools.twin import GetBuilding, GetRoom, GetRoomOccupancy, ListBuildings
+
+# sha256 of the renderings with the default registry, recorded BEFORE the per-tool prompt text
+# (guidance lines, worked examples) moved onto the tool classes: moving it changed no byte.
+PINNED_PROMPTS = {
+    ("v1", "native"): "270f3e3390978f8b8566b0f8bd21add891bd2c5922359a11e4b567582ccaf6a6",
+    ("v1", "json_schema"): "9a98033beb15a00d614537ff78b038bf16d9b72437b022624618fd10341a49d6",
+    ("v2", "native"): "14d4871a1888cad717a6faa30eb7c2e3b456a3cc9b7c62557c7e6e60172dbcd6",
+    ("v2", "json_schema"): "8602f3508059ffe294b817582a3f537a9850c27a3cd3b957073aa01ded28f9f3",
+}
+PINNED_RESPONSE_FORMATS = {
+    False: "69f1587fdd6e4a61f97ae6803ca30e6f257d48049e0e68f4c736cca723f3366d",
+    True: "02aac0ecca72155785a739ecfac9c508fe75f329050d42ecc0ee7ae8f32eb5e6",
+}
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(("version", "mode"), sorted(PINNED_PROMPTS))
+def test_rendered_prompts_are_pinned(version: str, mode: Mode) -> None:
+    text = load_system_prompt(version).render(mode, build_default_registry().specs())
+    digest = sha256(text)
+    assert digest == PINNED_PROMPTS[(version, mode)], f"the prompt changed; now {digest}"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_response_format_is_pinned(strict: bool) -> None:
+    schema = response_format(build_default_registry().specs(), strict=strict)
+    digest = sha256(json.dumps(schema))
+    assert digest == PINNED_RESPONSE_FORMATS[strict], f"the schema changed; now {digest}"
+
+
+def test_what_the_prompt_says_about_a_tool_comes_from_the_tool() -> None:
+    specs = build_default_registry().specs()
+    new = ToolSpec(
+        "get_floor",
+        "One floor of a building.",
+        {"type": "object", "properties": {"floor": {"type": "integer"}}, "required": ["floor"]},
+        guidance="Floors: get_floor.",
+        examples=(ToolExample("What is on floor 2?", "a floor", {"floor": 2}),),
+        prompt_order=15,  # between list_buildings (10) and get_building (20)
+    )
+    prompt = load_system_prompt()
+    for mode in ("native", "json_schema"):
+        lines = prompt.render(mode, [*specs, new]).splitlines()
+        guidance = lines.index("- Floors: get_floor.")
+        assert lines[guidance - 1].startswith("- Resolve a building name with list_buildings")
+        assert "- Floors: get_floor." not in prompt.render(mode, specs)
+    text = prompt.render("json_schema", [*specs, new])
+    step = '{"reason": "a floor", "tool": "get_floor", "arguments": {"floor": 2}}'
+    assert f"What is on floor 2? -> {step}" in text
+    assert text.index("How busy is Harbor") < text.index("What is on floor 2?")
+    assert text.index("What is on floor 2?") < text.index("Which rooms are in building")
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        SearchDocs,
+        ListBuildings,
+        GetBuilding,
+        GetRoom,
+        GetRoomOccupancy,
+        GetLatestSensorData,
+        GetSensorHistory,
+        ListSensors,
+    ],
+)
+def test_every_worked_example_is_a_valid_call(tool: type[Tool[Any]]) -> None:
+    for example in tool.examples:
+        tool.args_model.model_validate(dict(example.arguments))
+
+
+def test_a_tool_not_offered_leaves_no_trace_in_the_prompt() -> None:
+    specs = [s for s in build_default_registry().specs() if s.name != "list_sensors"]
+    for version in ("v1", "v2"):
+        text = load_system_prompt(version).render("json_schema", specs)
+        assert "list_sensors" not in text
+        assert "Does building bld-123 have humidity sensors?" not in text
+
+
+def test_v2_extra_examples_follow_search_docs_own() -> None:
+    text = load_system_prompt("v2").render("json_schema", build_default_registry().specs())
+    own, extra = text.index("How do I set up an occupancy alert?"), text.index("CV-E2001 mean?")
+    assert own < extra < text.index("(after the tools returned nothing")
+    no_docs = [s for s in build_default_registry().specs() if s.name != "search_docs"]
+    assert "CV-E2001 mean?" not in load_system_prompt("v2").render("json_schema", no_docs)
 
 
 def test_native_prompt_names_both_markers() -> None:
