@@ -16,7 +16,8 @@ same loop with non-streaming model calls. The ``done`` answer is authoritative: 
 writes a preamble before calling tools ("Let me check.") has that preamble streamed as tokens,
 but only the final hop's text is the answer.
 
-Plain async Python: no Ray, no FastAPI.
+Tracing stays out of the loop (``agent.instrumented``): the model is called through an
+``InstrumentedLLM`` and each run through a ``RunTrace``. Plain async Python: no Ray, no FastAPI.
 """
 
 from __future__ import annotations
@@ -26,35 +27,21 @@ import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, suppress
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Span
 
 from agent.answer import (
     AgentAnswer,
-    AgentError,
     AgentEvent,
     CitationEvent,
-    CitationOut,
-    CostOut,
     Decision,
     DoneEvent,
-    HopUsageOut,
-    RetrievalOut,
     TokenEvent,
-    ToolCallTrace,
     ToolEvent,
-    UsageOut,
 )
-from agent.citations import (
-    ChunkInfo,
-    Citation,
-    CitationStreamFilter,
-    extract_citations,
-    snippet,
-)
+from agent.citations import Citation, CitationStreamFilter, extract_citations, snippet
+from agent.instrumented import InstrumentedLLM, RunTrace
 from agent.llm.base import (
     ChatRequest,
     ChatResult,
@@ -63,11 +50,9 @@ from agent.llm.base import (
     LLMError,
     MalformedReply,
     Message,
-    ProviderRejected,
     TextDelta,
     ToolCall,
 )
-from agent.payloads import message_payload, reply_payload
 from agent.prompts import (
     DECLINE_TEXT,
     IDK_MARKER,
@@ -77,74 +62,28 @@ from agent.prompts import (
     is_refusal,
     load_system_prompt,
 )
-from agent.tools.base import ChunkSink
+from agent.run_state import Run, citation_out, tool_trace
 from agent.tools.executor import ToolExecutor, ToolRequest
-from agent.tools.registry import ToolOutcome
-from agent.usage import HopUsage, PriceTable, RunUsage, default_price_table
+from agent.usage import PriceTable, RunUsage, default_price_table
 from foundation.identity import AuthUser
-from foundation.observability import attributes as attr
 from foundation.observability.attributes import provider_name
-from foundation.observability.spans import Observer, in_span, set_attributes, to_json
-from foundation.tracing import inject, request_context, trace_id_of
+from foundation.observability.spans import Observer
+from foundation.tracing import inject
 
 __all__ = ["Agent", "AgentAnswer", "AgentConfig", "AgentEvent"]
 
 log = logging.getLogger(__name__)
 
-PROVIDER_UNAVAILABLE_TEXT = (
-    "The assistant is temporarily unavailable: the language model did not respond. "
-    "Please try again in a moment."
-)
-PROVIDER_REJECTED_TEXT = (
-    "The assistant could not get an answer from the language model. Please try again later."
-)
-MALFORMED_TEXT = "The assistant could not understand the language model's reply. Please try again."
 MAX_MALFORMED_REPLIES = 2  # consecutive unusable replies before giving up (provider_error)
+
+# What one model call gives the hop: events to pass on, then the reply or the provider error.
+_Reply = AgentEvent | ChatResult | LLMError
 
 
 def _retry_note(error: MalformedReply) -> str:
     return (
         f"Your previous reply could not be used: {error}. "
         "Reply again, following the required format exactly."
-    )
-
-
-@dataclass
-class _Run:
-    """The mutable state of one question."""
-
-    request: ToolRequest
-    model: str
-    usage: RunUsage
-    messages: list[Message] = field(default_factory=list)
-    traces: list[ToolCallTrace] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    malformed: int = 0
-    seen_chunks: ChunkSink = field(default_factory=ChunkSink)
-    trace_id: str | None = None
-
-    def retrieved(self) -> dict[str, ChunkInfo]:
-        return {
-            hit.chunk_id: ChunkInfo(hit.source, hit.section, hit.text) for hit in self.seen_chunks
-        }
-
-
-def _citation_out(citation: Citation) -> CitationOut:
-    return CitationOut(
-        chunk_id=citation.chunk_id,
-        source=citation.source,
-        section=citation.section,
-        snippet=citation.snippet,
-    )
-
-
-def _trace(outcome: ToolOutcome) -> ToolCallTrace:
-    return ToolCallTrace(
-        name=outcome.name,
-        arguments=outcome.arguments,
-        ok=outcome.ok,
-        error=outcome.error,
-        duration_ms=outcome.duration_ms,
     )
 
 
@@ -162,7 +101,8 @@ class AgentConfig:
 class Agent:
     """The agent core. Build one per process; ``answer``/``stream`` are safe to run
     concurrently (all per-request state lives in the run). Tools run through a
-    ``ToolExecutor`` (in-process, or a Serve handle: see ``serve_app.wiring``)."""
+    ``ToolExecutor`` (in-process, or a Serve handle: see ``serve_app.wiring``). The model is
+    traced through an ``InstrumentedLLM`` wrapped around ``llm`` (unless it already is one)."""
 
     def __init__(
         self,
@@ -177,12 +117,25 @@ class Agent:
         self.tools = tools
         self.config = config or AgentConfig()
         self.prompt = prompt or load_system_prompt()
+        client = llm.inner if isinstance(llm, InstrumentedLLM) else llm
         # One source of truth for the tool-calling mode: the client that speaks it.
-        self.mode: Mode = getattr(llm, "tool_calling_mode", "native")
+        self.mode: Mode = getattr(client, "tool_calling_mode", "native")
         self.prices = prices or default_price_table()
         self.max_hops = self.config.max_tool_hops
         self.observer = Observer(payloads=self.config.observe_payloads)
-        self.provider = provider_name(getattr(llm, "base_url", "") or self.config.provider_url)
+        self.provider = provider_name(getattr(client, "base_url", "") or self.config.provider_url)
+        self.traced_llm = (
+            llm
+            if isinstance(llm, InstrumentedLLM)
+            else InstrumentedLLM(
+                llm,
+                observer=self.observer,
+                provider=self.provider,
+                prices=self.prices,
+                temperature=self.config.temperature,
+                max_output_tokens=self.config.max_output_tokens,
+            )
+        )
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -231,88 +184,23 @@ class Agent:
         top_k: int | None,
         streaming: bool,
     ) -> AsyncGenerator[AgentEvent, None]:
-        """The loop inside its ``agent.answer`` span (opened and ended here, never attached
-        across a yield: the consumer may resume or close this generator from another task)."""
-        parent = request_context(user.sub)
-        root = self._start_root(parent, question, model or self.llm.default_model, streaming)
-        done: AgentAnswer | None = None
-        try:
-            events = self._loop(
-                question,
-                user,
-                model=model,
-                top_k=top_k,
-                streaming=streaming,
-                root=in_span(root, parent),
-            )
-            async with aclosing(events):
-                async for event in events:
-                    if isinstance(event, DoneEvent):
-                        done = event.response
-                    yield event
-        except (GeneratorExit, asyncio.CancelledError):
-            root.set_attribute(attr.AGENT_CANCELLED, True)
-            raise
-        except Exception as exc:  # pragma: no cover - the loop turns failures into answers
-            self.observer.fail(root, "internal_error", message=str(exc), exception=exc)
-            raise
-        finally:
-            self._end_root(root, question, done)
-
-    def _start_root(
-        self, parent: otel_context.Context, question: str, model: str, streaming: bool
-    ) -> Span:
-        # Attached for the start only: a fresh request's preset trace id is read from the
-        # current context by the id generator (see foundation.tracing).
-        token = otel_context.attach(parent)
-        try:
-            root = self.observer.start(
-                "agent.answer",
-                "agent",
-                parent=parent,
-                attributes={
-                    attr.GEN_AI_OPERATION: "invoke_agent",
-                    attr.GEN_AI_AGENT_NAME: attr.AGENT_NAME,
-                    attr.GEN_AI_PROVIDER: self.provider,
-                    attr.GEN_AI_REQUEST_MODEL: model,
-                    attr.LANGFUSE_TRACE_NAME: "agent.answer",
-                    attr.AGENT_STREAMING: streaming,
-                    attr.AGENT_TOOL_CALLING_MODE: self.mode,
-                },
-            )
-        finally:
-            otel_context.detach(token)
-        self.observer.payload(root, attr.LANGFUSE_INPUT, question)
-        self.observer.payload(root, attr.LANGFUSE_TRACE_INPUT, question)
-        return root
-
-    def _end_root(self, root: Span, question: str, done: AgentAnswer | None) -> None:
-        if done is not None:
-            cost = (
-                done.cost.provider_usd
-                if done.cost.provider_usd is not None
-                else (done.cost.estimated_usd)
-            )
-            set_attributes(
-                root,
-                {
-                    attr.AGENT_DECISION: done.decision,
-                    attr.AGENT_IDK: done.idk,
-                    attr.AGENT_HOPS: len(done.usage.hops),
-                    attr.AGENT_TOOL_CALLS: len(done.tool_calls),
-                    attr.AGENT_CITATIONS: len(done.citations),
-                    attr.AGENT_HALLUCINATED: len(done.retrieval.hallucinated_citations),
-                    attr.GEN_AI_RESPONSE_MODEL: done.model,
-                    attr.GEN_AI_INPUT_TOKENS: done.usage.input_tokens,
-                    attr.GEN_AI_OUTPUT_TOKENS: done.usage.output_tokens,
-                    attr.GEN_AI_COST: cost,
-                },
-            )
-            self.observer.payload(root, attr.LANGFUSE_OUTPUT, done.answer)
-            self.observer.payload(root, attr.LANGFUSE_TRACE_OUTPUT, done.answer)
-            if done.error is not None:
-                self.observer.fail(root, done.error.code, message=done.error.message)
-        root.end()
+        """The loop inside its run trace (``agent.answer``), started on the first event."""
+        trace = RunTrace.start(
+            self.observer,
+            question=question,
+            user_id=user.sub,
+            provider=self.provider,
+            model=model or self.llm.default_model,
+            streaming=streaming,
+            mode=self.mode,
+        )
+        loop = self._loop(
+            question, user, model=model, top_k=top_k, streaming=streaming, trace=trace
+        )
+        events = trace.observe(loop)
+        async with aclosing(events):
+            async for event in events:
+                yield event
 
     async def _loop(
         self,
@@ -322,10 +210,10 @@ class Agent:
         model: str | None,
         top_k: int | None,
         streaming: bool,
-        root: otel_context.Context,
+        trace: RunTrace,
     ) -> AsyncGenerator[AgentEvent, None]:
         specs = self.tools.specs()
-        run = _Run(
+        run = Run(
             request=ToolRequest(user=user, top_k=top_k),
             model=model or self.llm.default_model,
             usage=RunUsage(prices=self.prices),
@@ -333,161 +221,108 @@ class Agent:
                 Message("system", self.prompt.render(self.mode, specs)),
                 Message("user", question),
             ],
-            trace_id=trace_id_of(root),
+            trace_id=trace.trace_id,
         )
         for hop in range(1, self.max_hops + 1):
-            hop_span = self.observer.start(
-                f"agent.hop.{hop}", "chain", parent=root, attributes={attr.AGENT_HOP: hop}
-            )
-            hop_ctx = in_span(hop_span, root)
-            try:
+            with trace.hop(hop) as hop_ctx:
+                reply: ChatResult | LLMError | None = None
                 request = ChatRequest(messages=tuple(run.messages), tools=specs, model=model)
-                retrieved = run.retrieved()
-                stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
-                result: ChatResult | None = None
-                generation = self._start_generation(request, run.model, hop_ctx)
-                try:
-                    if streaming:
-                        hop_events = self._stream_hop(request, stream_filter, retrieved)
-                        async with aclosing(hop_events):
-                            async for event in hop_events:
-                                if isinstance(event, ChatResult):
-                                    result = event
-                                else:
-                                    yield event
-                    else:
-                        result = await self.llm.chat(request)
-                except MalformedReply as exc:
-                    self._end_generation(generation, None, None, error=exc)
-                    run.malformed += 1
-                    log.warning("hop %d: malformed reply (%d): %s", hop, run.malformed, exc)
-                    if run.malformed >= MAX_MALFORMED_REPLIES:
-                        yield self._provider_error(run, exc)
-                        return
-                    run.messages.append(Message("user", _retry_note(exc)))
-                    continue
-                except LLMError as exc:
-                    self._end_generation(generation, None, None, error=exc)
-                    log.warning("hop %d: provider error: %s", hop, exc)
-                    yield self._provider_error(run, exc)
-                    return
-                except BaseException:
-                    generation.end()
-                    raise
-                if result is None:  # pragma: no cover - the client contract ends with Completed
-                    generation.end()
-                    yield self._provider_error(run, MalformedReply("the reply stream ended early"))
+                replies = self._call_model(run, request, streaming, hop_ctx)
+                async with aclosing(replies):
+                    async for event in replies:
+                        if isinstance(event, ChatResult | LLMError):
+                            reply = event
+                        else:
+                            yield event
+                if not isinstance(reply, ChatResult):
+                    if isinstance(reply, MalformedReply) and self._retry_malformed(run, hop, reply):
+                        continue
+                    yield self._failed(run, hop, reply)
                     return
                 run.malformed = 0
-                run.model = result.model or run.model
-                recorded = run.usage.record(result.usage, run.model, hop=hop)
-                self._end_generation(generation, result, recorded)
+                run.model = reply.model or run.model
+                run.usage.record(reply.usage, run.model, hop=hop)
 
-                if result.kind == "tool_calls" and result.tool_calls:
+                if reply.kind == "tool_calls" and reply.tool_calls:
                     if hop == self.max_hops:
-                        names = ", ".join(call.name for call in result.tool_calls)
+                        names = ", ".join(call.name for call in reply.tool_calls)
                         run.notes.append(
                             f"tool loop exhausted after {hop} model calls; "
                             f"the model still asked for: {names}"
                         )
                         break
                     run.messages.append(
-                        Message("assistant", result.text, tool_calls=tuple(result.tool_calls))
+                        Message("assistant", reply.text, tool_calls=tuple(reply.tool_calls))
                     )
-                    tool_events = self._run_tools(run, result.tool_calls, hop_ctx)
+                    tool_events = self._run_tools(run, reply.tool_calls, hop_ctx)
                     async with aclosing(tool_events):
                         async for tool_event in tool_events:
                             yield tool_event
                     continue
 
-                async for event in self._finish(run, result, streaming):
+                async for event in self._finish(run, reply, streaming):
                     yield event
                 return
-            finally:
-                hop_span.end()
 
         text = IDK_MARKER
         if streaming:
             yield TokenEvent(text=text)
-        yield DoneEvent(response=self._response(run, text, "tool_loop_exhausted", idk=True))
+        yield DoneEvent(response=run.response(text, "tool_loop_exhausted", idk=True))
 
-    def _start_generation(
-        self, request: ChatRequest, model: str, parent: otel_context.Context
-    ) -> Span:
-        span = self.observer.start(
-            f"gen_ai.chat {request.model or model}",
-            "generation",
-            parent=parent,
-            attributes={
-                attr.GEN_AI_OPERATION: "chat",
-                attr.GEN_AI_PROVIDER: self.provider,
-                attr.GEN_AI_REQUEST_MODEL: request.model or model,
-                attr.GEN_AI_REQUEST_TEMPERATURE: self.config.temperature,
-                attr.GEN_AI_REQUEST_MAX_TOKENS: self.config.max_output_tokens,
-                attr.AGENT_TOOLS_OFFERED: len(request.tools),
-            },
-        )
-        if self.observer.payloads and span.is_recording():
-            messages = [message_payload(m) for m in request.messages]
-            self.observer.payload(span, attr.GEN_AI_INPUT_MESSAGES, messages)
-            self.observer.payload(span, attr.LANGFUSE_INPUT, messages)
-        return span
+    def _retry_malformed(self, run: Run, hop: int, error: MalformedReply) -> bool:
+        """Count an unusable reply; True (with a note to the model) while another try is
+        allowed, False once the run must give up."""
+        run.malformed += 1
+        log.warning("hop %d: malformed reply (%d): %s", hop, run.malformed, error)
+        if run.malformed >= MAX_MALFORMED_REPLIES:
+            return False
+        run.messages.append(Message("user", _retry_note(error)))
+        return True
 
-    def _end_generation(
+    def _failed(self, run: Run, hop: int, error: LLMError | None) -> DoneEvent:
+        if error is None:  # pragma: no cover - the client contract ends with Completed
+            error = MalformedReply("the reply stream ended early")
+        elif not isinstance(error, MalformedReply):
+            log.warning("hop %d: provider error: %s", hop, error)
+        return run.provider_error(error)
+
+    async def _call_model(
         self,
-        span: Span,
-        result: ChatResult | None,
-        usage: HopUsage | None,
-        *,
-        error: LLMError | None = None,
-    ) -> None:
-        if error is not None:
-            kind = "malformed_reply" if isinstance(error, MalformedReply) else "provider_error"
-            self.observer.fail(span, kind, message=str(error), exception=error)
-            set_attributes(span, {attr.GEN_AI_ERROR_STATUS: error.status_code})
-        if result is not None:
-            set_attributes(
-                span,
-                {
-                    attr.GEN_AI_RESPONSE_MODEL: result.model or None,
-                    attr.LANGFUSE_MODEL: result.model or None,
-                    attr.GEN_AI_FINISH_REASONS: (
-                        [result.finish_reason] if result.finish_reason else None
-                    ),
-                    attr.GEN_AI_REPLY_KIND: result.kind,
-                    attr.GEN_AI_INPUT_TOKENS: result.usage.input_tokens,
-                    attr.GEN_AI_OUTPUT_TOKENS: result.usage.output_tokens,
-                },
-            )
-            if usage is not None:
-                cost = usage.provider_usd if usage.provider_usd is not None else usage.estimated_usd
-                if cost is not None:
-                    span.set_attribute(attr.GEN_AI_COST, cost)
-                    span.set_attribute(attr.LANGFUSE_COST_DETAILS, to_json({"total": cost}))
-            if self.observer.payloads and span.is_recording():
-                output = reply_payload(result)
-                self.observer.payload(span, attr.GEN_AI_OUTPUT_MESSAGES, [output])
-                self.observer.payload(span, attr.LANGFUSE_OUTPUT, output)
-        span.end()
+        run: Run,
+        request: ChatRequest,
+        streaming: bool,
+        parent: otel_context.Context,
+    ) -> AsyncGenerator[_Reply, None]:
+        """One model call under the hop's context: streamed events (when streaming), then
+        the reply, or the provider error the call ended with."""
+        try:
+            if streaming:
+                events = self._stream_hop(request, run, parent)
+                async with aclosing(events):
+                    async for event in events:
+                        yield event
+            else:
+                yield await self.traced_llm.chat(request, parent=parent, fallback_model=run.model)
+        except LLMError as exc:
+            yield exc
 
     async def _stream_hop(
-        self,
-        request: ChatRequest,
-        stream_filter: CitationStreamFilter,
-        retrieved: dict[str, ChunkInfo],
+        self, request: ChatRequest, run: Run, parent: otel_context.Context
     ) -> AsyncGenerator[AgentEvent | ChatResult, None]:
         """One streamed model call: filtered tokens and citations as they arrive, then the
         finished ``ChatResult``."""
+        retrieved = run.retrieved()
+        stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
 
         def citation_events() -> list[AgentEvent]:
             events: list[AgentEvent] = []
             for chunk_id in stream_filter.pop_citations():
                 chunk = retrieved[chunk_id]
                 citation = Citation(chunk_id, chunk.source, chunk.section, snippet(chunk.text))
-                events.append(CitationEvent(citation=_citation_out(citation)))
+                events.append(CitationEvent(citation=citation_out(citation)))
             return events
 
-        source = self.llm.stream(request)
+        source = self.traced_llm.stream(request, parent=parent, fallback_model=run.model)
         try:
             async for event in source:
                 if isinstance(event, TextDelta):
@@ -505,14 +340,12 @@ class Agent:
                     yield event.result
                     return
         finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with suppress(Exception):
-                    await aclose()
+            with suppress(Exception):
+                await source.aclose()
 
     async def _run_tools(
         self,
-        run: _Run,
+        run: Run,
         calls: tuple[ToolCall, ...] | list[ToolCall],
         hop: otel_context.Context,
     ) -> AsyncGenerator[AgentEvent, None]:
@@ -527,7 +360,7 @@ class Agent:
         try:
             for finished in asyncio.as_completed(tasks):
                 outcome = await finished
-                yield ToolEvent(call=_trace(outcome))
+                yield ToolEvent(call=tool_trace(outcome))
         finally:
             pending = [task for task in tasks if not task.done()]
             for task in pending:
@@ -537,7 +370,7 @@ class Agent:
         for task in tasks:
             outcome = task.result()
             run.seen_chunks.add(outcome.chunks)
-            run.traces.append(_trace(outcome))
+            run.traces.append(tool_trace(outcome))
             run.messages.append(
                 Message(
                     "tool", outcome.result_json, tool_call_id=outcome.call_id, name=outcome.name
@@ -546,20 +379,15 @@ class Agent:
 
     async def _finish(
         self,
-        run: _Run,
+        run: Run,
         result: ChatResult,
         streaming: bool,
     ) -> AsyncIterator[AgentEvent]:
         """Classify the final reply, validate its citations, yield the done event."""
-        if result.kind == "decline":
+        if result.kind == "refusal":
             if streaming:
                 yield TokenEvent(text=DECLINE_TEXT)
-            yield DoneEvent(response=self._declined(run, DECLINE_TEXT, result))
-            return
-        if result.kind == "idk":
-            if streaming:
-                yield TokenEvent(text=IDK_MARKER)
-            yield DoneEvent(response=self._response(run, IDK_MARKER, "idk", idk=True))
+            yield DoneEvent(response=run.declined(DECLINE_TEXT, result))
             return
 
         raw = (result.text or "").strip()
@@ -567,78 +395,21 @@ class Agent:
             if streaming:
                 yield TokenEvent(text=IDK_MARKER)
             run.notes.append("the model returned an empty answer")
-            yield DoneEvent(response=self._response(run, IDK_MARKER, "idk", idk=True))
+            yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
             return
         checked = extract_citations(result.text or "", run.retrieved())
         answer = checked.answer.strip()
-        citations = [_citation_out(c) for c in checked.citations]
+        citations = [citation_out(c) for c in checked.citations]
         if is_refusal(answer):
-            yield DoneEvent(response=self._declined(run, answer, result))
+            yield DoneEvent(response=run.declined(answer, result))
             return
         decision: Decision = "idk" if is_idk(answer) else "answered"
         yield DoneEvent(
-            response=self._response(
-                run,
+            response=run.response(
                 answer,
                 decision,
                 idk=decision == "idk",
                 citations=citations,
                 hallucinated=checked.hallucinated,
             )
-        )
-
-    # --- building the response ----------------------------------------------------------------
-
-    def _declined(self, run: _Run, text: str, result: ChatResult) -> AgentAnswer:
-        if run.traces:
-            run.notes.append(f"declined after {len(run.traces)} tool call(s)")
-        if result.reason:
-            run.notes.append(f"model reason: {result.reason[:200]}")
-        return self._response(run, text, "declined_out_of_scope")
-
-    def _provider_error(self, run: _Run, error: LLMError) -> DoneEvent:
-        code: Literal["provider_unavailable", "provider_rejected", "malformed_reply"]
-        if isinstance(error, MalformedReply):
-            code, text = "malformed_reply", MALFORMED_TEXT
-        elif isinstance(error, ProviderRejected):
-            code, text = "provider_rejected", PROVIDER_REJECTED_TEXT
-        else:
-            code, text = "provider_unavailable", PROVIDER_UNAVAILABLE_TEXT
-        response = self._response(run, text, "provider_error")
-        response.error = AgentError(code=code, message=str(error), status_code=error.status_code)
-        return DoneEvent(response=response)
-
-    def _response(
-        self,
-        run: _Run,
-        text: str,
-        decision: Decision,
-        *,
-        idk: bool = False,
-        citations: list[CitationOut] | None = None,
-        hallucinated: list[str] | None = None,
-    ) -> AgentAnswer:
-        usage = run.usage.usage_dict()
-        cost = run.usage.cost_dict()
-        chunk_ids = [hit.chunk_id for hit in run.seen_chunks]
-        return AgentAnswer(
-            answer=text,
-            citations=citations or [],
-            tool_calls=list(run.traces),
-            usage=UsageOut(
-                input_tokens=usage["input_tokens"],
-                output_tokens=usage["output_tokens"],
-                hops=[HopUsageOut(**hop) for hop in usage["hops"]],
-            ),
-            cost=CostOut(estimated_usd=cost["estimated_usd"], provider_usd=cost["provider_usd"]),
-            idk=idk,
-            decision=decision,
-            retrieval=RetrievalOut(
-                hallucinated_citations=hallucinated or [],
-                chunks_seen=len(chunk_ids),
-                chunk_ids=chunk_ids,
-            ),
-            model=run.model,
-            trace_id=run.trace_id,
-            notes=list(run.notes),
         )

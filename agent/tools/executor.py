@@ -19,6 +19,7 @@ from agent.access import DomainAuthorizer
 from agent.llm.base import ToolCall, ToolSpec
 from agent.tools.base import Retriever, ToolContext, utc_now
 from agent.tools.downstream import Downstream
+from agent.tools.instrumented import traced_dispatch
 from agent.tools.registry import ToolOutcome, ToolRegistry
 from foundation.identity import AuthUser
 from foundation.tracing import use_context
@@ -42,7 +43,7 @@ class ToolExecutor(Protocol):
 
 
 class LocalToolExecutor:
-    """Runs the registry's tools in this process."""
+    """Runs the registry's tools in this process, each call inside its ``tool.<name>`` span."""
 
     def __init__(
         self,
@@ -78,4 +79,4 @@ class LocalToolExecutor:
     async def execute(self, call: ToolCall, request: ToolRequest) -> ToolOutcome:
         # The hop's trace context: the tool's span (and retrieval's below it) are its children.
         with use_context(request.trace_context):
-            return await self.registry.dispatch(call, self.context(request))
+            return await traced_dispatch(self.registry, call, self.context(request))

@@ -1,9 +1,9 @@
 """``ToolRegistry``: the tools the model may call, and the one place that runs them.
 
-``dispatch`` never raises (except for cancellation): unknown tools, unparseable or invalid
-arguments, ``ToolError``, downstream HTTP failures and timeouts all become a ``ToolOutcome``
-whose ``result_json`` is an ``{"error": ...}`` object the model reads as the tool result and
-can recover from.
+``dispatch`` (and ``run``, which also says why a call failed) never raises (except for
+cancellation): unknown tools, unparseable or invalid arguments, ``ToolError``, downstream HTTP
+failures and timeouts all become a ``ToolOutcome`` whose ``result_json`` is an
+``{"error": ...}`` object the model reads as the tool result and can recover from.
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from agent.llm.base import ToolCall, ToolSpec
 from agent.tools.base import ChunkSink, Tool, ToolContext, ToolError
-from foundation.observability import attributes as attr
-from foundation.observability.spans import Observer, tracer
 from retrieval.search import SearchHit
 
 log = logging.getLogger(__name__)
@@ -32,6 +29,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_RESULT_CHARS = 24_000
 MAX_ERROR_CHARS = 500
+
+Failure = tuple[str, BaseException | None]  # why a call failed: its kind, and the exception
 
 
 @dataclass(frozen=True)
@@ -112,45 +111,17 @@ class ToolRegistry:
         return [tool.spec() for tool in self._tools.values()]
 
     async def dispatch(self, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
-        """Run one call inside its ``tool.<name>`` span (``tool.unknown`` for a name that is
-        not a tool: the name is model text, so it is not put in a span name)."""
-        observer = Observer(payloads=ctx.observe_payloads)
-        known = call.name in self._tools
-        span_attributes: dict[str, AttributeValue] = {
-            attr.GEN_AI_OPERATION: "execute_tool",
-            attr.GEN_AI_TOOL_TYPE: "function",
-            attr.GEN_AI_TOOL_CALL_ID: call.id,
-        }
-        if known:
-            span_attributes[attr.GEN_AI_TOOL_NAME] = call.name
-        with tracer().start_as_current_span(
-            f"tool.{call.name if known else 'unknown'}",
-            attributes={attr.LANGFUSE_TYPE: "tool", **span_attributes},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            observer.payload(span, attr.GEN_AI_TOOL_ARGUMENTS, call.arguments)
-            observer.payload(span, attr.LANGFUSE_INPUT, call.arguments)
-            outcome, failure = await self._dispatch(call, ctx)
-            span.set_attribute(attr.TOOL_OK, outcome.ok)
-            if failure is not None:
-                kind, exc = failure
-                span.set_attribute(attr.TOOL_ERROR_KIND, kind)
-                observer.fail(span, kind, message=outcome.error, exception=exc)
-            observer.payload(span, attr.GEN_AI_TOOL_RESULT, outcome.result_json)
-            observer.payload(span, attr.LANGFUSE_OUTPUT, outcome.result_json)
-            return outcome
+        """Run one call (untraced: ``agent.tools.instrumented`` wraps ``run`` in its span)."""
+        outcome, _ = await self.run(call, ctx)
+        return outcome
 
-    async def _dispatch(
-        self, call: ToolCall, ctx: ToolContext
-    ) -> tuple[ToolOutcome, tuple[str, BaseException | None] | None]:
+    async def run(self, call: ToolCall, ctx: ToolContext) -> tuple[ToolOutcome, Failure | None]:
         """The outcome, and (kind, exception) when the call failed."""
         started = time.perf_counter()
         arguments, problem = parse_arguments(call.arguments)
         # A sink of its own, so the outcome carries exactly this call's chunks (also across a
         # process boundary); they are merged into the request's sink as well.
         call_ctx = dataclasses.replace(ctx, seen_chunks=ChunkSink())
-        Failure = tuple[str, BaseException | None]
 
         def outcome(
             result: object | None,
