@@ -1,6 +1,7 @@
 """Helpers for the agent tests (a uniquely named module, so it never clashes with another
 test directory's helpers): users, a fake retriever, and scripts written once for both
-tool-calling modes."""
+tool-calling modes (for the HTTP scripted server: ``script_steps``; for the in-process
+``agent.testing.ScriptedModel``: ``script_replies``/``scripted``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agent.llm.base import ChatResult, LLMError, ToolCall, Usage
 from agent.prompts import IDK_MARKER
+from agent.testing import ScriptedModel, text_reply, tool_call, tool_calls_reply
 from foundation.identity import AuthUser
 from local_world._service import ServiceControl
 from local_world.claims import encode_claims, encode_flat_claims
@@ -159,3 +162,52 @@ def script_steps(mode: Mode, *steps: Step, chunk_chars: int = 12) -> list[dict[s
             else:
                 out.append(_json_step({"reason": "nothing found", "idk": True}))
     return out
+
+
+# --- the same scripts for the in-process fake (agent.testing) ----------------------------------
+
+Reply = ChatResult | LLMError
+FakeStep = Call | Calls | Say | Decline | Idk | Reply
+
+
+def _fake_call(call: Call) -> ToolCall:
+    return tool_call(call.name, call.arguments)
+
+
+def script_replies(mode: Mode, *steps: FakeStep) -> list[Reply]:
+    """``ScriptedModel`` replies for ``mode``: what the HTTP adapter would have returned for
+    ``script_steps(mode, ...)`` (json_schema: one call per step, a decline is a refusal).
+    A ``ChatResult`` or an ``LLMError`` passes through unchanged."""
+    out: list[Reply] = []
+    for step in steps:
+        if isinstance(step, ChatResult | LLMError):
+            out.append(step)
+        elif isinstance(step, Call | Calls):
+            calls = tuple(
+                _fake_call(c) for c in (step.calls if isinstance(step, Calls) else (step,))
+            )
+            if mode == "native":
+                out.append(tool_calls_reply(*calls))
+            else:
+                out.extend(tool_calls_reply(c) for c in calls)
+        elif isinstance(step, Say):
+            out.append(text_reply(step.text))
+        elif isinstance(step, Decline):
+            if mode == "native":
+                out.append(text_reply(step.text))
+            else:
+                out.append(ChatResult("refusal", None, (), Usage(), "", "stop", reason="off-topic"))
+        else:
+            out.append(text_reply(IDK_MARKER))
+    return out
+
+
+def scripted(mode: Mode, *steps: FakeStep, chunk_chars: int | None = None) -> ScriptedModel:
+    """A ``ScriptedModel`` in ``mode`` playing ``steps`` (the same defaults as the HTTP
+    server's: model ``local/scripted``)."""
+    return ScriptedModel(
+        *script_replies(mode, *steps),
+        model="local/scripted",
+        tool_calling_mode=mode,
+        chunk_chars=chunk_chars,
+    )

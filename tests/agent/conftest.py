@@ -1,16 +1,21 @@
 """Fixtures for the agent tests: the real local-world twin and sensor simulators and the
 scripted OpenAI-compatible model server, each over real HTTP on 127.0.0.1 (one per session,
-reset per test), the real Cedar policies, and builders for tool contexts and agents."""
+reset per test), the real Cedar policies, and builders for tool contexts and agents; and the
+in-process set (``local_*``, ``make_local_agent``, ``no_sockets``) at the end of the file."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from agent_helpers import PINNED, FakeRetriever, Mode, Service
+from fastapi import FastAPI
 
+from agent.llm.base import LLMClient
 from agent.llm.openai_client import OpenAICompatibleClient
 from agent.loop import Agent
 from agent.tools import (
@@ -204,3 +209,140 @@ async def make_agent(
 # In the spirit of pydantic-ai's ``ALLOW_MODEL_REQUESTS = False``: building an ``openai`` SDK
 # client (every LLM client here does) for a base URL that is not a loopback address fails the
 # test, so no test can reach (or spend money at) a real provider, whatever its settings.
+
+
+# --- in-process: the fake model port, the simulators over ASGI, no sockets ---------------------
+# For the loop and tool tests: ``agent.testing.ScriptedModel`` instead of the HTTP scripted
+# server, and twin/sensor apps reached through ``httpx.ASGITransport``. Modules that use these
+# add ``pytestmark = pytest.mark.usefixtures("no_sockets")``; a test that still needs the wire
+# (a transport fault, the HTTP adapter) says so with ``@pytest.mark.allow_sockets``.
+
+LOCAL_TWIN_URL = "http://twin.in-process"
+LOCAL_SENSOR_URL = "http://sensor.in-process"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "allow_sockets: exempt a test from the no_sockets guard (it needs the wire)"
+    )
+
+
+@pytest.fixture
+def no_sockets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any attempt to connect a socket (in-process tests must not open one)."""
+    if request.node.get_closest_marker("allow_sockets"):
+        return
+
+    def refuse(sock: socket.socket, address: Any) -> None:
+        raise AssertionError(f"no_sockets: this test tried to connect to {address!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+
+
+@pytest.fixture(scope="session")
+def _twin_app(world: World, pinned_clock: FixedClock) -> FastAPI:
+    return create_twin_app(world, clock=pinned_clock)
+
+
+@pytest.fixture(scope="session")
+def _sensor_app(world: World, pinned_clock: FixedClock) -> FastAPI:
+    return create_sensor_app(world, clock=pinned_clock)
+
+
+@pytest.fixture
+def local_twin(_twin_app: FastAPI, clock: FixedClock) -> Iterator[Service]:
+    """twin-service in process (same control as ``twin``: faults, request log)."""
+    service = Service(LOCAL_TWIN_URL, get_control(_twin_app))
+    _reset(service)
+    yield service
+    _reset(service)
+
+
+@pytest.fixture
+def local_sensor(_sensor_app: FastAPI, clock: FixedClock) -> Iterator[Service]:
+    service = Service(LOCAL_SENSOR_URL, get_control(_sensor_app))
+    _reset(service)
+    yield service
+    _reset(service)
+
+
+@pytest.fixture
+def local_settings(tmp_path: Path) -> Settings:
+    """``settings`` without servers: the downstream URLs are the in-process ones."""
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        agent_service_home=tmp_path / "home",
+        twin_service_url=LOCAL_TWIN_URL,
+        sensor_service_url=LOCAL_SENSOR_URL,
+        twin_timeout_seconds=5.0,
+        answer_model="local/scripted",
+        llm_api_key="test-key",  # type: ignore[arg-type]
+        llm_max_retries=0,
+        llm_timeout_seconds=10.0,
+    )
+
+
+@pytest.fixture
+async def local_downstream(
+    _twin_app: FastAPI, _sensor_app: FastAPI, local_twin: Service, local_sensor: Service
+) -> AsyncIterator[Downstream]:
+    """``Downstream`` over ASGI: one client, each simulator mounted at its own origin."""
+    client = httpx.AsyncClient(
+        mounts={
+            LOCAL_TWIN_URL: httpx.ASGITransport(app=_twin_app),
+            LOCAL_SENSOR_URL: httpx.ASGITransport(app=_sensor_app),
+        },
+        follow_redirects=False,
+    )
+    yield Downstream(twin_url=LOCAL_TWIN_URL, sensor_url=LOCAL_SENSOR_URL, client=client)
+    await client.aclose()
+
+
+@pytest.fixture
+def make_local_ctx(
+    local_downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> Callable[..., ToolContext]:
+    """``make_ctx`` over the in-process simulators."""
+
+    def make(user: AuthUser, **overrides: Any) -> ToolContext:
+        values: dict[str, Any] = {
+            "user": user,
+            "downstream": local_downstream,
+            "authorizer": authorizer,
+            "retriever": retriever,
+            "clock": clock,
+        }
+        values.update(overrides)
+        return ToolContext(**values)
+
+    return make
+
+
+@pytest.fixture
+def make_local_agent(
+    local_settings: Settings,
+    local_downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> Callable[..., Agent]:
+    """An ``Agent`` on a fake model (``agent.testing``) and the in-process simulators;
+    ``setting_overrides`` as for ``make_agent`` (e.g. ``max_tool_hops=3``)."""
+
+    def make(model: LLMClient, **setting_overrides: Any) -> Agent:
+        agent_settings = local_settings.model_copy(update=setting_overrides)
+        tools = LocalToolExecutor(
+            build_default_registry(timeout_seconds=10.0),
+            downstream=local_downstream,
+            authorizer=authorizer,
+            retriever=retriever,
+            clock=clock,
+            observe_payloads=agent_settings.observe_payloads,
+        )
+        return Agent(llm=model, tools=tools, config=agent_config(agent_settings))
+
+    return make

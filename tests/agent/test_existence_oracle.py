@@ -3,8 +3,10 @@ room id, an id that does not exist and an id that exists but belongs to a domain
 may not see give the same answer, byte for byte, and take the same time.
 
 The tools run through the registry (argument validation, error mapping) against the real
-twin and sensor simulators over HTTP, as ``nina`` (``business_staff`` of ``northwind``):
-Acme and Civic buildings and rooms exist but are forbidden to her.
+twin and sensor simulators, in process (ASGI, no sockets) for the bodies and over HTTP for
+the timing (the round trips an outside observer would time), as ``nina``
+(``business_staff`` of ``northwind``): Acme and Civic buildings and rooms exist but are
+forbidden to her.
 
 Timing: 200 calls per side, the two sides interleaved in a seeded random order (so load from
 other processes hits both alike), compared with a two-sided Mann-Whitney U test. A side
@@ -39,14 +41,16 @@ from scipy.stats import mannwhitneyu
 
 from agent.llm.base import ToolCall
 from agent.loop import Agent
+from agent.testing import ScriptedModel, text_reply, tool_call, tool_calls_reply
 from agent.tools import ToolContext, ToolOutcome, ToolRegistry
 from agent.tools.twin import BUILDING_NOT_FOUND, ROOM_NOT_FOUND
 from foundation.identity import AuthUser
 from local_world.claims import encode_claims
-from local_world.scripted_llm import ScriptedLLM
 from local_world.world import World
 
 MakeCtx = Callable[..., ToolContext]
+
+pytestmark = pytest.mark.usefixtures("no_sockets")
 
 TRIES = 200
 WARMUP = 10
@@ -171,9 +175,9 @@ async def timed(
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.tool)
 async def test_unknown_and_forbidden_ids_give_byte_identical_results(
-    probe: Probe, registry: ToolRegistry, make_ctx: MakeCtx, world: World
+    probe: Probe, registry: ToolRegistry, make_local_ctx: MakeCtx, world: World
 ) -> None:
-    ctx = make_ctx(CALLER)
+    ctx = make_local_ctx(CALLER)
     forbidden = forbidden_buildings(world) if probe.kind == "building" else forbidden_rooms(world)
     unknown = UNKNOWN_BUILDINGS if probe.kind == "building" else UNKNOWN_ROOMS
     outcomes = {i: await dispatch(registry, ctx, probe, i) for i in [*forbidden, *unknown]}
@@ -185,11 +189,11 @@ async def test_unknown_and_forbidden_ids_give_byte_identical_results(
 
 
 async def test_a_mixed_occupancy_request_does_not_tell_them_apart(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World
+    registry: ToolRegistry, make_local_ctx: MakeCtx, world: World
 ) -> None:
     """A visible room next to a forbidden or an unknown one: the same entry for both (but for
     the echoed id, which the caller sent)."""
-    ctx = make_ctx(CALLER)
+    ctx = make_local_ctx(CALLER)
     bodies = set()
     for other in [*forbidden_rooms(world), *UNKNOWN_ROOMS]:
         call = ToolCall(
@@ -206,14 +210,14 @@ async def test_a_mixed_occupancy_request_does_not_tell_them_apart(
 
 
 async def test_bodies_stay_identical_when_a_downstream_overshares(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World
+    registry: ToolRegistry, make_local_ctx: MakeCtx, world: World
 ) -> None:
     """The downstream answer is untrusted: here twin-service and sensor-service see an admin
     (they answer for every building), while the caller is Nina. Cedar's re-check turns a
     forbidden building into the very same error as an unknown one."""
     admin_header = encode_claims(CALLER.sub, [("northwind", "admin")])
     user = AuthUser(CALLER.sub, CALLER.roles, CALLER.domains, claims_header=admin_header)
-    ctx = make_ctx(user)
+    ctx = make_local_ctx(user)
     for probe in PROBES:
         forbidden = (
             forbidden_buildings(world) if probe.kind == "building" else forbidden_rooms(world)
@@ -288,6 +292,7 @@ async def compare(
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.tool)
+@pytest.mark.allow_sockets  # timing of the real round trips to the services
 async def test_unknown_and_forbidden_ids_take_the_same_time(
     probe: Probe, registry: ToolRegistry, make_ctx: MakeCtx, twin: Service, sensor: Service
 ) -> None:
@@ -296,6 +301,7 @@ async def test_unknown_and_forbidden_ids_take_the_same_time(
     assert not comparison.distinguishable(), f"{probe.tool}: {comparison.describe()}"
 
 
+@pytest.mark.allow_sockets
 async def test_the_timing_test_detects_a_real_oracle(
     registry: ToolRegistry, make_ctx: MakeCtx, twin: Service, sensor: Service
 ) -> None:
@@ -337,36 +343,28 @@ def _comparable(answer: Any, entity_id: str) -> str:
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.tool)
 async def test_the_agent_answer_and_the_model_input_are_identical(
     probe: Probe,
-    make_agent: Callable[..., Agent],
-    llm: ScriptedLLM,
+    make_local_agent: Callable[..., Agent],
 ) -> None:
     """End to end: the same ``/ask`` answer (tool trace, error, usage) and the same tool
     message to the model, for a forbidden and for an unknown id."""
-    agent = make_agent("native")
     answers, tool_messages = [], []
     for entity_id in (probe.forbidden, probe.unknown):
         question = f"Tell me about {entity_id}"
-        llm.script(
-            {
-                "tool_calls": [
-                    {
-                        "id": "call_probe",
-                        "name": tool_name(probe),
-                        "arguments": probe.arguments(entity_id),
-                    }
-                ]
-            },
-            {"text": "I cannot see that one."},
-            key=question,
+        model = ScriptedModel(
+            tool_calls_reply(
+                tool_call(tool_name(probe), probe.arguments(entity_id), id="call_probe")
+            ),
+            text_reply("I cannot see that one."),
+            model="local/scripted",
         )
-        answer = await agent.answer(question, CALLER)
+        answer = await make_local_agent(model).answer(question, CALLER)
         assert answer.tool_calls[0].error == probe.error
         answers.append(_comparable(answer, entity_id))
-        messages = llm.chat_requests(question)[-1].body["messages"]
-        tool_messages.append([m for m in messages if m["role"] == "tool"])
+        messages = model.requests[-1].messages
+        tool_messages.append([m for m in messages if m.role == "tool"])
     assert answers[0] == answers[1]
     assert tool_messages[0] == tool_messages[1]
-    assert tool_messages[0][0]["content"] == error_json(probe.error)
+    assert tool_messages[0][0].content == error_json(probe.error)
 
 
 def test_the_probed_users_are_what_the_docstring_says(world: World) -> None:

@@ -1,11 +1,16 @@
-"""The tool-calling loop end to end: the real OpenAI-compatible adapter talking to the scripted
-model server, real tools against the twin and sensor simulators, all over HTTP on 127.0.0.1.
-Every test runs in both tool-calling modes (native tool_calls, json_schema steps)."""
+"""The tool-calling loop end to end, in process: the ``agent.testing.ScriptedModel`` fake of
+the model port, real tools against the twin and sensor simulators over ASGI, no sockets
+(``no_sockets``). Every test runs in both tool-calling modes: the mode changes the system
+prompt the Agent renders, and the script plays what that mode's adapter would return (one
+tool call per step in json_schema mode, a decline as a refusal).
+
+Two tests stay on the real OpenAI-compatible adapter and the HTTP scripted model server
+(``allow_sockets``): an HTTP 503 (the adapter's status mapping and API-key redaction, end to
+end) and a provider that refuses the connection (a transport fault)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +28,9 @@ from agent_helpers import (
     Say,
     Service,
     hit,
+    script_replies,
     script_steps,
+    scripted,
 )
 
 from agent.answer import (
@@ -34,16 +41,24 @@ from agent.answer import (
     TokenEvent,
     ToolEvent,
 )
-from agent.llm.base import ToolCall, ToolSpec
+from agent.llm.base import (
+    ChatRequest,
+    ChatResult,
+    MalformedReply,
+    ProviderRejected,
+    ToolCall,
+    ToolSpec,
+)
 from agent.loop import Agent
-from agent.prompts import DECLINE_TEXT, IDK_MARKER, REFUSAL_MARKER
+from agent.prompts import DECLINE_TEXT, IDK_MARKER, REFUSAL_MARKER, load_system_prompt
+from agent.testing import FunctionModel, ScriptedModel, tool_call, tool_calls_reply
 from agent.tools import ToolExecutor, ToolOutcome, ToolRequest
 from agent.tools.twin import BUILDING_NOT_FOUND
 from local_world.claims import HEADER
 from local_world.scripted_llm import ScriptedLLM
 from local_world.world import World, epoch_minute
 
-pytestmark = pytest.mark.parametrize("mode", MODES)
+pytestmark = [pytest.mark.parametrize("mode", MODES), pytest.mark.usefixtures("no_sockets")]
 
 MakeAgent = Callable[..., Agent]
 HARBOR_ROOMS = [
@@ -58,9 +73,9 @@ def load(llm: ScriptedLLM, mode: Mode, question: str, *steps: Any, **options: An
     llm.script(*script_steps(mode, *steps, **options), key=question)
 
 
-def sent_messages(llm: ScriptedLLM, question: str) -> list[list[dict[str, Any]]]:
-    """The messages of every chat request of this conversation, in order."""
-    return [r.body["messages"] for r in llm.chat_requests(question)]
+def contents(model: ScriptedModel | FunctionModel, index: int) -> str:
+    """Every message content of the ``index``-th model request, joined."""
+    return "\n".join(m.content or "" for m in model.requests[index].messages)
 
 
 async def collect(agent: Agent, question: str, **kwargs: Any) -> list[AgentEvent]:
@@ -75,23 +90,21 @@ def done(events: list[AgentEvent]) -> AgentAnswer:
 
 async def test_two_step_chain_resolves_a_building_then_its_rooms(
     mode: Mode,
-    make_agent: MakeAgent,
-    llm: ScriptedLLM,
+    make_local_agent: MakeAgent,
     world: World,
-    twin: Service,
+    local_twin: Service,
     clock: Any,
 ) -> None:
     question = "How busy is Harbor Warehouse right now?"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("list_buildings", {"name": "Harbor Warehouse"}),
         Call("get_building", {"building_id": "bld-northwind-harbor"}),
         Call("get_room_occupancy", {"room_ids": HARBOR_ROOMS}),
         Say("Loading Dock A is the busiest room in Harbor Warehouse."),
     )
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    agent = make_local_agent(model)
+    answer = await agent.answer(question, NORTHWIND_STAFF)
 
     assert answer.decision == "answered" and not answer.idk
     assert answer.answer == "Loading Dock A is the busiest room in Harbor Warehouse."
@@ -106,120 +119,118 @@ async def test_two_step_chain_resolves_a_building_then_its_rooms(
     assert answer.usage.input_tokens == sum(h.input_tokens for h in answer.usage.hops) > 0
     assert answer.cost.estimated_usd == 0.0  # local/scripted is free in the price table
     assert answer.model == "local/scripted"
+    # the mode decides the system prompt the agent sent, once, first
+    (system,) = [m for m in model.requests[0].messages if m.role == "system"]
+    assert system == model.requests[0].messages[0]
+    assert system.content == load_system_prompt().render(mode, agent.tools.specs())
     # the last request carried the live occupancy the simulator computed
-    final_request = json.dumps(sent_messages(llm, question)[-1])
     room = world.room("room-harbor-dock-a")
     assert room is not None
     expected = world.occupancy_at(room, epoch_minute(clock()))
     assert (
-        f'\\"room_id\\":\\"room-harbor-dock-a\\",\\"building_id\\":\\"bld-northwind-harbor\\",\\"occupancy\\":{expected},'
-        in final_request
+        f'"room_id":"room-harbor-dock-a","building_id":"bld-northwind-harbor","occupancy":{expected},'
+        in contents(model, -1)
     )
     # every twin call carried the caller's own claims, verbatim
-    assert {r.headers[HEADER] for r in twin.control.requests()} == {NORTHWIND_STAFF.claims_header}
+    assert {r.headers[HEADER] for r in local_twin.control.requests()} == {
+        NORTHWIND_STAFF.claims_header
+    }
 
 
 async def test_tool_error_goes_back_to_the_model_which_recovers(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
     question = "How many rooms does the Harbor building have?"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("get_building", {"building_id": "bld-harbor"}),
         Call("list_buildings", {"name": "Harbor"}),
         Say("Harbor Warehouse has 4 rooms."),
     )
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "answered"
     first, second = answer.tool_calls
     assert (first.ok, first.error) == (False, BUILDING_NOT_FOUND)
     assert second.ok and second.error is None
-    assert BUILDING_NOT_FOUND in json.dumps(sent_messages(llm, question)[1])
+    assert BUILDING_NOT_FOUND in contents(model, 1)
 
 
 async def test_invalid_arguments_are_a_tool_error_not_a_crash(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
     question = "Tell me about room number seven"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("get_room", {"room": "seven"}),
         Idk(),
     )
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "idk" and answer.idk and answer.answer == IDK_MARKER
     (trace,) = answer.tool_calls
     assert not trace.ok and "room_id: Field required" in (trace.error or "")
 
 
 async def test_hop_exhaustion_returns_idk(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, twin: Service
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
 ) -> None:
     question = "Keep looking at the buildings forever"
-    steps = script_steps(mode, Call("list_buildings", {}))
-    llm.load({"key": question, "mode": "loop", "steps": steps})
-    answer = await make_agent(mode, max_tool_hops=3).answer(question, NORTHWIND_STAFF)
+
+    def forever(request: ChatRequest) -> ChatResult:
+        return tool_calls_reply(tool_call("list_buildings", {}))
+
+    model = FunctionModel(forever, model="local/scripted", tool_calling_mode=mode)
+    answer = await make_local_agent(model, max_tool_hops=3).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "tool_loop_exhausted"
     assert answer.idk and answer.answer == IDK_MARKER
-    assert len(llm.chat_requests(question)) == 3
+    assert len(model.requests) == 3
     assert len(answer.tool_calls) == 2  # the third hop's request is not run
-    assert len(twin.paths()) == 2
+    assert len(local_twin.paths()) == 2
     assert any("still asked for: list_buildings" in note for note in answer.notes)
 
 
 async def test_off_topic_is_declined_without_tools(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, twin: Service
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
 ) -> None:
     question = "What is the capital of France?"
-    load(llm, mode, question, Decline())
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    model = scripted(mode, Decline())
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "declined_out_of_scope"
     assert answer.answer.startswith(REFUSAL_MARKER)
     if mode == "json_schema":
         assert answer.answer == DECLINE_TEXT
     assert answer.tool_calls == [] and not answer.idk
-    assert twin.paths() == []
-    assert len(llm.chat_requests(question)) == 1
+    assert local_twin.paths() == []
+    assert len(model.requests) == 1
 
 
-async def test_decline_after_tool_calls_is_noted(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
-) -> None:
+async def test_decline_after_tool_calls_is_noted(mode: Mode, make_local_agent: MakeAgent) -> None:
     question = "List my buildings and then write me a poem"
-    load(llm, mode, question, Call("list_buildings", {}), Decline())
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    model = scripted(mode, Call("list_buildings", {}), Decline())
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "declined_out_of_scope"
     assert "declined after 1 tool call(s)" in answer.notes
 
 
-async def test_greeting_is_answered_directly(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
-) -> None:
+async def test_greeting_is_answered_directly(mode: Mode, make_local_agent: MakeAgent) -> None:
     question = "Hello there!"
-    load(llm, mode, question, Say("Hello! How can I help with your buildings today?"))
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    model = scripted(mode, Say("Hello! How can I help with your buildings today?"))
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "answered"
     assert answer.answer == "Hello! How can I help with your buildings today?"
     assert answer.tool_calls == [] and answer.citations == []
 
 
 async def test_invented_citation_is_stripped_and_reported(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, retriever: FakeRetriever
+    mode: Mode, make_local_agent: MakeAgent, retriever: FakeRetriever
 ) -> None:
     retriever.hits = [hit("aaaaaaaaaaaa", "Alerts repeat at most once per 15-minute cooldown.")]
     question = "How often do occupancy alerts repeat?"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("search_docs", {"query": "alert cooldown"}),
         Say("At most once per 15 minutes [^aaaaaaaaaaaa], and never at night [^ffffffffffff]."),
     )
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF, top_k=3)
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF, top_k=3)
     assert answer.answer == "At most once per 15 minutes [^aaaaaaaaaaaa], and never at night."
     (citation,) = answer.citations
     assert citation.chunk_id == "aaaaaaaaaaaa"
@@ -233,21 +244,19 @@ async def test_invented_citation_is_stripped_and_reported(
 
 
 async def test_streamed_citations_never_emit_an_invented_marker(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, retriever: FakeRetriever
+    mode: Mode, make_local_agent: MakeAgent, retriever: FakeRetriever
 ) -> None:
     retriever.hits = [hit("aaaaaaaaaaaa", "Alerts repeat at most once per cooldown.")]
     question = "Do alerts repeat, streamed?"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("search_docs", {"query": "alerts repeat"}),
         Say(
             "Once per cooldown [^aaaaaaaaaaaa] unless muted [^ffffffffffff]. Done [^aaaaaaaaaaaa]."
         ),
         chunk_chars=3,
     )
-    events = await collect(make_agent(mode), question)
+    events = await collect(make_local_agent(model), question)
     response = done(events)
     tokens = [e.text for e in events if isinstance(e, TokenEvent)]
     assert len(tokens) > 5  # really streamed in pieces
@@ -269,29 +278,27 @@ async def test_streamed_citations_never_emit_an_invented_marker(
 
 
 async def test_streamed_decline_and_idk_have_service_text(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
-    load(llm, mode, "Translate hello into German", Decline())
-    events = await collect(make_agent(mode), "Translate hello into German")
+    model = scripted(mode, Decline())
+    events = await collect(make_local_agent(model), "Translate hello into German")
     response = done(events)
     assert response.decision == "declined_out_of_scope"
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == response.answer
 
-    load(llm, mode, "What is the wifi password in the lobby?", Idk())
-    events = await collect(make_agent(mode), "What is the wifi password in the lobby?")
+    model.script(*script_replies(mode, Idk()))
+    events = await collect(make_local_agent(model), "What is the wifi password in the lobby?")
     response = done(events)
     assert response.decision == "idk" and response.answer == IDK_MARKER
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == IDK_MARKER
 
 
 async def test_parallel_tool_calls_run_concurrently(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, twin: Service
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
 ) -> None:
     question = "Compare the two Northwind buildings"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Calls(
             (
                 Call("get_building", {"building_id": "bld-northwind-harbor"}),
@@ -300,8 +307,8 @@ async def test_parallel_tool_calls_run_concurrently(
         ),
         Say("Harbor has 4 rooms, HQ has 3."),
     )
-    twin.control.set_faults(latency_ms=300)
-    events = await collect(make_agent(mode), question)
+    local_twin.control.set_faults(latency_ms=300)
+    events = await collect(make_local_agent(model), question)
     response = done(events)
     assert [c.name for c in response.tool_calls] == ["get_building", "get_building"]
     assert sum(isinstance(e, ToolEvent) for e in events) == 2
@@ -310,6 +317,7 @@ async def test_parallel_tool_calls_run_concurrently(
         assert max(c.duration_ms for c in response.tool_calls) < 1100
 
 
+@pytest.mark.allow_sockets  # the real adapter over HTTP: status mapping, key redaction
 async def test_provider_down_is_a_clean_provider_error(
     mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
 ) -> None:
@@ -323,6 +331,7 @@ async def test_provider_down_is_a_clean_provider_error(
     assert "test-key" not in answer.model_dump_json()
 
 
+@pytest.mark.allow_sockets  # a transport fault: the connection is refused
 async def test_provider_unreachable_while_streaming(mode: Mode, make_agent: MakeAgent) -> None:
     agent = make_agent(mode, llm_base_url="http://127.0.0.1:9/v1")
     events = await collect(agent, "Anyone there?")
@@ -332,45 +341,43 @@ async def test_provider_unreachable_while_streaming(mode: Mode, make_agent: Make
 
 
 async def test_provider_rejection_is_a_provider_error(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
     question = "Use a model that does not exist"
-    load(llm, mode, question, {"fault": "server_error", "status": 404})
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    model = scripted(mode, ProviderRejected("unknown model", status_code=404))
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "provider_error"
     assert answer.error is not None and answer.error.code == "provider_rejected"
 
 
 async def test_model_override_is_sent_to_the_provider(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
     question = "Hi, with another model"
-    load(llm, mode, question, Say("Hi!"))
-    answer = await make_agent(mode).answer(
+    model = scripted(mode, Say("Hi!"))
+    answer = await make_local_agent(model).answer(
         question, NORTHWIND_STAFF, model="google/gemini-2.5-flash"
     )
     assert answer.model == "google/gemini-2.5-flash"
-    assert llm.chat_requests(question)[0].body["model"] == "google/gemini-2.5-flash"
+    assert model.requests[0].model == "google/gemini-2.5-flash"
     assert answer.cost.estimated_usd is not None and answer.cost.estimated_usd > 0
 
 
-async def test_an_unusable_reply_is_retried_once(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
-) -> None:
+async def test_an_unusable_reply_is_retried_once(mode: Mode, make_local_agent: MakeAgent) -> None:
     question = "Hello, after a glitch"
-    load(llm, mode, question, {"fault": "malformed"}, Say("Hello!"))
-    answer = await make_agent(mode).answer(question, NORTHWIND_STAFF)
+    model = scripted(mode, MalformedReply("the model's step is not valid JSON"), Say("Hello!"))
+    answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "answered" and answer.answer == "Hello!"
-    retry = sent_messages(llm, question)[1][-1]
-    assert retry["role"] == "user" and "could not be used" in retry["content"]
+    retry = model.requests[1].messages[-1]
+    assert retry.role == "user" and "could not be used" in (retry.content or "")
 
 
 async def test_two_unusable_replies_end_in_provider_error(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM
+    mode: Mode, make_local_agent: MakeAgent
 ) -> None:
     question = "Hello, after two glitches"
-    load(llm, mode, question, {"fault": "malformed"}, {"fault": "malformed"})
-    events = await collect(make_agent(mode), question)
+    model = scripted(mode, MalformedReply("no JSON step"), MalformedReply("no JSON step"))
+    events = await collect(make_local_agent(model), question)
     response = done(events)
     assert response.decision == "provider_error"
     assert response.error is not None and response.error.code == "malformed_reply"
@@ -396,18 +403,16 @@ class PicklingExecutor:
 
 
 async def test_tools_behind_a_process_boundary_keep_citations_working(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, retriever: FakeRetriever
+    mode: Mode, make_local_agent: MakeAgent, retriever: FakeRetriever
 ) -> None:
     retriever.hits = [hit("aaaaaaaaaaaa", "Exports are CSV files.")]
     question = "What format do report exports use?"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Call("search_docs", {"query": "report export format"}),
         Say("CSV [^aaaaaaaaaaaa][^bbbbbbbbbbbb]."),
     )
-    local = make_agent(mode)
+    local = make_local_agent(model)
     remote = PicklingExecutor(local.tools)
     agent = Agent(llm=local.llm, tools=remote, config=local.config)
     answer = await agent.answer(question, NORTHWIND_STAFF)
@@ -418,13 +423,11 @@ async def test_tools_behind_a_process_boundary_keep_citations_working(
 
 
 async def test_closing_the_stream_cancels_running_tools(
-    mode: Mode, make_agent: MakeAgent, llm: ScriptedLLM, twin: Service
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
 ) -> None:
     question = "Show both Northwind buildings, then hang up"
-    load(
-        llm,
+    model = scripted(
         mode,
-        question,
         Calls(
             (
                 Call("list_buildings", {}),
@@ -433,8 +436,8 @@ async def test_closing_the_stream_cancels_running_tools(
         ),
         Say("unused"),
     )
-    twin.control.set_faults(latency_ms=400)
-    stream = make_agent(mode).stream(question, NORTHWIND_STAFF)
+    local_twin.control.set_faults(latency_ms=400)
+    stream = make_local_agent(model).stream(question, NORTHWIND_STAFF)
     first = None
     async for event in stream:
         if isinstance(event, ToolEvent):

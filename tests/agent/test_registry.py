@@ -27,6 +27,8 @@ from serve_app.wiring import build_agent, local_tool_executor
 
 MakeCtx = Callable[..., ToolContext]
 
+pytestmark = pytest.mark.usefixtures("no_sockets")
+
 
 class EchoArgs(BaseModel):
     text: str = Field(description="What to echo.")
@@ -99,9 +101,9 @@ async def dispatch(registry: ToolRegistry, ctx: ToolContext, name: str, args: ob
     return outcome
 
 
-async def test_dispatch_outcomes(make_ctx: MakeCtx) -> None:
+async def test_dispatch_outcomes(make_local_ctx: MakeCtx) -> None:
     registry = ToolRegistry([Echo(), Slow()], timeout_seconds=2.0)
-    ctx = make_ctx(ACME_STAFF)
+    ctx = make_local_ctx(ACME_STAFF)
     ok = await registry.dispatch(ToolCall("c1", "echo", '{"text": "hi", "times": 2}'), ctx)
     assert ok.ok and json.loads(ok.result_json) == {"echo": ["hi", "hi"], "user": "alice"}
     assert ok.arguments == {"text": "hi", "times": 2}
@@ -125,10 +127,10 @@ async def test_dispatch_outcomes(make_ctx: MakeCtx) -> None:
     assert "not valid JSON" in (bad.error or "")
 
 
-async def test_dispatch_propagates_cancellation(make_ctx: MakeCtx) -> None:
+async def test_dispatch_propagates_cancellation(make_local_ctx: MakeCtx) -> None:
     registry = ToolRegistry([Echo()])
     task = asyncio.create_task(
-        registry.dispatch(ToolCall("c1", "echo", '{"text": "slow"}'), make_ctx(ACME_STAFF))
+        registry.dispatch(ToolCall("c1", "echo", '{"text": "slow"}'), make_local_ctx(ACME_STAFF))
     )
     await asyncio.sleep(0.05)
     task.cancel()
@@ -137,8 +139,9 @@ async def test_dispatch_propagates_cancellation(make_ctx: MakeCtx) -> None:
 
 
 async def test_agent_from_settings_wires_the_default_tools(
-    settings: Settings, authorizer: CedarAuthorizer, downstream: Downstream
+    local_settings: Settings, authorizer: CedarAuthorizer, local_downstream: Downstream
 ) -> None:
+    settings, downstream = local_settings, local_downstream  # the client is never called
     client = OpenAICompatibleClient(
         base_url="http://127.0.0.1:9/v1", api_key="k", default_model="local/scripted"
     )

@@ -1,5 +1,6 @@
-"""The eight tools against the real twin and sensor simulators over HTTP, through the
-registry (so argument validation and error mapping are exercised too)."""
+"""The eight tools against the real twin and sensor simulators, in process (over ASGI, no
+sockets), through the registry (so argument validation and error mapping are exercised too).
+The downstream timeout test stays on HTTP: ASGITransport does not enforce httpx timeouts."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ HARBOR_ROOMS = {
 
 MakeCtx = Callable[..., ToolContext]
 
+pytestmark = pytest.mark.usefixtures("no_sockets")
+
 
 async def call(
     registry: ToolRegistry, ctx: ToolContext, name: str, arguments: dict[str, Any] | str
@@ -53,10 +56,16 @@ def result(outcome: ToolOutcome) -> Any:
 
 
 async def test_list_sensors_building_inventory(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World, twin: Service, sensor: Service
+    registry: ToolRegistry,
+    make_local_ctx: MakeCtx,
+    world: World,
+    local_twin: Service,
+    local_sensor: Service,
 ) -> None:
     out = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "list_sensors", {"building_id": HARBOR})
+        await call(
+            registry, make_local_ctx(NORTHWIND_STAFF), "list_sensors", {"building_id": HARBOR}
+        )
     )
     expected = {(s.id, s.type, s.room_id) for s in world.sensors_in_building(HARBOR)}
     assert {(s["sensor_id"], s["sensor_type"], s["room_id"]) for s in out["sensors"]} == expected
@@ -65,17 +74,17 @@ async def test_list_sensors_building_inventory(
     assert names["room-harbor-dock-a"] == "Loading Dock A"
     assert set(out["sensors"][0]) == {"sensor_id", "sensor_type", "room_id", "room_name"}
     # the twin was asked first, then the sensor registry, both as the caller
-    assert twin.paths() == [f"/buildings/{HARBOR}", f"/buildings/{HARBOR}/rooms"]
-    assert sensor.paths() == [f"/sensors/buildings/{HARBOR}"]
+    assert local_twin.paths() == [f"/buildings/{HARBOR}", f"/buildings/{HARBOR}/rooms"]
+    assert local_sensor.paths() == [f"/sensors/buildings/{HARBOR}"]
     header = NORTHWIND_STAFF.claims_header
-    for entry in twin.control.requests() + sensor.control.requests():
+    for entry in local_twin.control.requests() + local_sensor.control.requests():
         assert entry.headers[HEADER] == header
 
 
 async def test_list_sensors_room_tells_no_sensor_apart(
-    registry: ToolRegistry, make_ctx: MakeCtx, sensor: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_sensor: Service
 ) -> None:
-    ctx = make_ctx(ACME_STAFF)
+    ctx = make_local_ctx(ACME_STAFF)
     quiet = result(
         await call(
             registry,
@@ -95,25 +104,27 @@ async def test_list_sensors_room_tells_no_sensor_apart(
         )
     )
     assert sorted(s["sensor_type"] for s in lab["sensors"]) == ["co2", "humidity", "temperature"]
-    assert sensor.paths()[-1] == "/sensors/buildings/bld-acme-labs/rooms/room-acme-labs-wet-lab"
+    assert (
+        local_sensor.paths()[-1] == "/sensors/buildings/bld-acme-labs/rooms/room-acme-labs-wet-lab"
+    )
 
 
 async def test_list_sensors_inaccessible_and_unknown_building_are_identical(
-    registry: ToolRegistry, make_ctx: MakeCtx, sensor: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_sensor: Service
 ) -> None:
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     forbidden = await call(registry, ctx, "list_sensors", {"building_id": "bld-acme-tower"})
     unknown = await call(registry, ctx, "list_sensors", {"building_id": "bld-nowhere"})
     assert not forbidden.ok and not unknown.ok
     assert forbidden.error == unknown.error == BUILDING_NOT_FOUND
     assert forbidden.result_json.encode() == unknown.result_json.encode()
-    assert sensor.paths() == []  # the registry is never asked
+    assert local_sensor.paths() == []  # the registry is never asked
 
 
 async def test_list_sensors_unknown_room_makes_no_sensor_request(
-    registry: ToolRegistry, make_ctx: MakeCtx, sensor: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_sensor: Service
 ) -> None:
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     unknown = await call(
         registry, ctx, "list_sensors", {"building_id": HARBOR, "room_id": "room-nowhere"}
     )
@@ -123,14 +134,14 @@ async def test_list_sensors_unknown_room_makes_no_sensor_request(
     )
     assert unknown.error == foreign.error == ROOM_NOT_FOUND
     assert unknown.result_json == foreign.result_json
-    assert sensor.control.requests() == []
+    assert local_sensor.control.requests() == []
 
 
 async def test_list_sensors_drops_devices_of_other_rooms(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World, sensor: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, world: World, local_sensor: Service
 ) -> None:
-    sensor.control.set_faults(leak_foreign_rooms=True)
-    ctx = make_ctx(NORTHWIND_STAFF)
+    local_sensor.control.set_faults(leak_foreign_rooms=True)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     building = result(await call(registry, ctx, "list_sensors", {"building_id": HARBOR}))
     assert {s["room_id"] for s in building["sensors"]} == HARBOR_ROOMS
     assert building["count"] == len(world.sensors_in_building(HARBOR))
@@ -145,23 +156,25 @@ async def test_list_sensors_drops_devices_of_other_rooms(
     assert {s["room_id"] for s in room["sensors"]} == {"room-harbor-cold-store"}
     assert sorted(s["sensor_type"] for s in room["sensors"]) == ["humidity", "temperature"]
     # the leak was real: the simulator did send foreign devices
-    assert sensor.control.faults.leak_foreign_rooms
+    assert local_sensor.control.faults.leak_foreign_rooms
 
 
 async def test_list_sensors_admin_sees_any_domain(
-    registry: ToolRegistry, make_ctx: MakeCtx
+    registry: ToolRegistry, make_local_ctx: MakeCtx
 ) -> None:
-    out = result(await call(registry, make_ctx(ADMIN), "list_sensors", {"building_id": HARBOR}))
+    out = result(
+        await call(registry, make_local_ctx(ADMIN), "list_sensors", {"building_id": HARBOR})
+    )
     assert out["count"] == 14
 
 
 async def test_eval_token_user_acts_as_itself_downstream(
-    registry: ToolRegistry, make_ctx: MakeCtx, twin: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_twin: Service
 ) -> None:
     user = eval_user("eve", ["business_staff"], ["acme"])
-    out = result(await call(registry, make_ctx(user), "list_buildings", {}))
+    out = result(await call(registry, make_local_ctx(user), "list_buildings", {}))
     assert {b["domain"] for b in out["buildings"]} == {"acme"}
-    sent = twin.control.requests()[0].headers[HEADER]
+    sent = local_twin.control.requests()[0].headers[HEADER]
     claims = parse_claims(sent)
     assert (claims.sub, claims.roles, claims.domains) == ("eve", ("business_staff",), ("acme",))
     assert parse_claims(FLAT_HEADER) == claims
@@ -171,41 +184,47 @@ async def test_eval_token_user_acts_as_itself_downstream(
 
 
 async def test_list_buildings_filters_by_cedar_even_when_twin_leaks(
-    registry: ToolRegistry, make_ctx: MakeCtx, twin: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_twin: Service
 ) -> None:
-    twin.control.set_faults(leak_foreign_buildings=True)
-    out = result(await call(registry, make_ctx(NORTHWIND_STAFF), "list_buildings", {}))
+    local_twin.control.set_faults(leak_foreign_buildings=True)
+    out = result(await call(registry, make_local_ctx(NORTHWIND_STAFF), "list_buildings", {}))
     assert {b["building_id"] for b in out["buildings"]} == {HARBOR, "bld-northwind-hq"}
     named = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "list_buildings", {"name": "harbor"})
+        await call(registry, make_local_ctx(NORTHWIND_STAFF), "list_buildings", {"name": "harbor"})
     )
     assert [b["name"] for b in named["buildings"]] == ["Harbor Warehouse"]
     none = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "list_buildings", {"name": "Acme"})
+        await call(registry, make_local_ctx(NORTHWIND_STAFF), "list_buildings", {"name": "Acme"})
     )
     assert none["buildings"] == [] and "No accessible building" in none["note"]
 
 
-async def test_get_building_lists_its_rooms(registry: ToolRegistry, make_ctx: MakeCtx) -> None:
+async def test_get_building_lists_its_rooms(
+    registry: ToolRegistry, make_local_ctx: MakeCtx
+) -> None:
     out = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "get_building", {"building_id": HARBOR})
+        await call(
+            registry, make_local_ctx(NORTHWIND_STAFF), "get_building", {"building_id": HARBOR}
+        )
     )
     assert out["building"]["name"] == "Harbor Warehouse"
     assert {r["room_id"] for r in out["rooms"]} == HARBOR_ROOMS
 
 
 async def test_get_building_drops_leaked_rooms(
-    registry: ToolRegistry, make_ctx: MakeCtx, twin: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_twin: Service
 ) -> None:
-    twin.control.set_faults(leak_foreign_rooms=True)
+    local_twin.control.set_faults(leak_foreign_rooms=True)
     out = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "get_building", {"building_id": HARBOR})
+        await call(
+            registry, make_local_ctx(NORTHWIND_STAFF), "get_building", {"building_id": HARBOR}
+        )
     )
     assert {r["room_id"] for r in out["rooms"]} == HARBOR_ROOMS
 
 
-async def test_get_room_and_not_found(registry: ToolRegistry, make_ctx: MakeCtx) -> None:
-    ctx = make_ctx(ACME_STAFF)
+async def test_get_room_and_not_found(registry: ToolRegistry, make_local_ctx: MakeCtx) -> None:
+    ctx = make_local_ctx(ACME_STAFF)
     out = result(await call(registry, ctx, "get_room", {"room_id": "room-acme-tower-conf-12a"}))
     assert out["room"]["name"] == "Conference Room 12A"
     assert out["building"] == {"building_id": "bld-acme-tower", "name": "Acme Tower"}
@@ -216,11 +235,13 @@ async def test_get_room_and_not_found(registry: ToolRegistry, make_ctx: MakeCtx)
 
 
 async def test_get_room_occupancy_matches_the_world(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World, clock: Any
+    registry: ToolRegistry, make_local_ctx: MakeCtx, world: World, clock: Any
 ) -> None:
     rooms = sorted(HARBOR_ROOMS)
     out = result(
-        await call(registry, make_ctx(NORTHWIND_STAFF), "get_room_occupancy", {"room_ids": rooms})
+        await call(
+            registry, make_local_ctx(NORTHWIND_STAFF), "get_room_occupancy", {"room_ids": rooms}
+        )
     )
     by_id = {r["room_id"]: r for r in out["rooms"]}
     minute = epoch_minute(clock())
@@ -235,9 +256,9 @@ async def test_get_room_occupancy_matches_the_world(
 
 
 async def test_get_room_occupancy_mixed_and_all_failing(
-    registry: ToolRegistry, make_ctx: MakeCtx
+    registry: ToolRegistry, make_local_ctx: MakeCtx
 ) -> None:
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     mixed = result(
         await call(
             registry,
@@ -257,9 +278,9 @@ async def test_get_room_occupancy_mixed_and_all_failing(
 
 
 async def test_latest_sensor_data(
-    registry: ToolRegistry, make_ctx: MakeCtx, world: World, clock: Any
+    registry: ToolRegistry, make_local_ctx: MakeCtx, world: World, clock: Any
 ) -> None:
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     out = result(
         await call(registry, ctx, "get_latest_sensor_data", {"room_id": "room-harbor-dock-b"})
     )
@@ -283,9 +304,9 @@ async def test_latest_sensor_data(
 
 
 async def test_sensor_history_is_bounded_and_downsampled(
-    registry: ToolRegistry, make_ctx: MakeCtx, sensor: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_sensor: Service
 ) -> None:
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
     out = result(
         await call(
             registry,
@@ -300,7 +321,7 @@ async def test_sensor_history_is_bounded_and_downsampled(
     summary = series["summary"]
     assert summary["min"] <= summary["mean"] <= summary["max"]
     assert out["to"] == "2025-03-04T10:30:00Z" and out["from"] == "2025-03-03T10:30:00Z"
-    history = [r for r in sensor.control.requests() if r.path.endswith("/history")]
+    history = [r for r in local_sensor.control.requests() if r.path.endswith("/history")]
     assert "interval=15m" in history[0].query
     week = await call(
         registry,
@@ -311,11 +332,13 @@ async def test_sensor_history_is_bounded_and_downsampled(
     assert not week.ok and "hours" in (week.error or "")
 
 
-async def test_sensor_history_offline_sensor(registry: ToolRegistry, make_ctx: MakeCtx) -> None:
+async def test_sensor_history_offline_sensor(
+    registry: ToolRegistry, make_local_ctx: MakeCtx
+) -> None:
     out = result(
         await call(
             registry,
-            make_ctx(NORTHWIND_STAFF),
+            make_local_ctx(NORTHWIND_STAFF),
             "get_sensor_history",
             {"room_id": "room-harbor-dock-b", "sensor_type": "temperature", "hours": 2},
         )
@@ -328,10 +351,10 @@ async def test_sensor_history_offline_sensor(registry: ToolRegistry, make_ctx: M
 
 
 async def test_search_docs_uses_the_callers_acl_and_top_k(
-    registry: ToolRegistry, make_ctx: MakeCtx, retriever: FakeRetriever
+    registry: ToolRegistry, make_local_ctx: MakeCtx, retriever: FakeRetriever
 ) -> None:
     retriever.hits = [hit("aaaaaaaaaaaa", "Cooldown is 15 minutes."), hit("bbbbbbbbbbbb", "More.")]
-    ctx = make_ctx(ACME_STAFF, top_k=1)
+    ctx = make_local_ctx(ACME_STAFF, top_k=1)
     out = result(await call(registry, ctx, "search_docs", {"query": "alert cooldown"}))
     assert [r["chunk_id"] for r in out["results"]] == ["aaaaaaaaaaaa"]
     assert "[^aaaaaaaaaaaa]" in out["cite"]
@@ -342,9 +365,11 @@ async def test_search_docs_uses_the_callers_acl_and_top_k(
 
 
 async def test_search_docs_without_retriever_is_a_tool_error(
-    registry: ToolRegistry, make_ctx: MakeCtx
+    registry: ToolRegistry, make_local_ctx: MakeCtx
 ) -> None:
-    out = await call(registry, make_ctx(ACME_STAFF, retriever=None), "search_docs", {"query": "x"})
+    out = await call(
+        registry, make_local_ctx(ACME_STAFF, retriever=None), "search_docs", {"query": "x"}
+    )
     assert not out.ok and "unavailable" in (out.error or "")
 
 
@@ -365,31 +390,32 @@ async def test_search_docs_without_retriever_is_a_tool_error(
 )
 async def test_bad_calls_become_tool_errors(
     registry: ToolRegistry,
-    make_ctx: MakeCtx,
-    twin: Service,
+    make_local_ctx: MakeCtx,
+    local_twin: Service,
     name: str,
     arguments: dict[str, Any] | str,
     expected: str,
 ) -> None:
-    out = await call(registry, make_ctx(ACME_STAFF), name, arguments)
+    out = await call(registry, make_local_ctx(ACME_STAFF), name, arguments)
     assert not out.ok
     assert expected in (out.error or "")
     assert json.loads(out.result_json) == {"error": out.error}
-    assert twin.paths() == []
+    assert local_twin.paths() == []
 
 
 async def test_downstream_failures_become_tool_errors(
-    registry: ToolRegistry, make_ctx: MakeCtx, twin: Service
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_twin: Service
 ) -> None:
-    ctx = make_ctx(ACME_STAFF)
-    twin.control.set_faults(fail_rate=1.0)
+    ctx = make_local_ctx(ACME_STAFF)
+    local_twin.control.set_faults(fail_rate=1.0)
     failed = await call(registry, ctx, "list_buildings", {})
     assert not failed.ok and "twin-service is unavailable (HTTP 500)" in (failed.error or "")
-    twin.control.set_faults(fail_rate=0.0, garbage=True)
+    local_twin.control.set_faults(fail_rate=0.0, garbage=True)
     garbage = await call(registry, ctx, "list_buildings", {})
     assert not garbage.ok and "unreadable" in (garbage.error or "")
 
 
+@pytest.mark.allow_sockets  # a transport fault: the timeout lives in the HTTP transport
 async def test_downstream_timeout_becomes_a_tool_error(
     registry: ToolRegistry, make_ctx: MakeCtx, twin: Service, settings: Any
 ) -> None:
@@ -404,6 +430,10 @@ async def test_downstream_timeout_becomes_a_tool_error(
     assert not out.ok and "timed out" in (out.error or "")
 
 
-async def test_anonymous_user_sees_no_buildings(registry: ToolRegistry, make_ctx: MakeCtx) -> None:
-    out = result(await call(registry, make_ctx(AuthUser.anonymous_user()), "list_buildings", {}))
+async def test_anonymous_user_sees_no_buildings(
+    registry: ToolRegistry, make_local_ctx: MakeCtx
+) -> None:
+    out = result(
+        await call(registry, make_local_ctx(AuthUser.anonymous_user()), "list_buildings", {})
+    )
     assert out["buildings"] == []
