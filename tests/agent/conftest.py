@@ -144,14 +144,14 @@ def registry() -> ToolRegistry:
     return build_default_registry(timeout_seconds=10.0)
 
 
-@pytest.fixture
-def make_ctx(
-    settings: Settings,
+def _context_factory(
     downstream: Downstream,
     authorizer: CedarAuthorizer,
     retriever: FakeRetriever,
     clock: FixedClock,
 ) -> Callable[..., ToolContext]:
+    """Builds a ``ToolContext`` per user; keyword overrides replace any field."""
+
     def make(user: AuthUser, **overrides: Any) -> ToolContext:
         values: dict[str, Any] = {
             "user": user,
@@ -164,6 +164,17 @@ def make_ctx(
         return ToolContext(**values)
 
     return make
+
+
+@pytest.fixture
+def make_ctx(
+    settings: Settings,
+    downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> Callable[..., ToolContext]:
+    return _context_factory(downstream, authorizer, retriever, clock)
 
 
 @pytest.fixture
@@ -308,18 +319,7 @@ def make_local_ctx(
 ) -> Callable[..., ToolContext]:
     """``make_ctx`` over the in-process simulators."""
 
-    def make(user: AuthUser, **overrides: Any) -> ToolContext:
-        values: dict[str, Any] = {
-            "user": user,
-            "downstream": local_downstream,
-            "authorizer": authorizer,
-            "retriever": retriever,
-            "clock": clock,
-        }
-        values.update(overrides)
-        return ToolContext(**values)
-
-    return make
+    return _context_factory(local_downstream, authorizer, retriever, clock)
 
 
 @pytest.fixture
