@@ -177,6 +177,26 @@ def make_ctx(
     return _context_factory(downstream, authorizer, retriever, clock)
 
 
+def _agent(
+    llm: LLMClient,
+    settings: Settings,
+    downstream: Downstream,
+    authorizer: CedarAuthorizer,
+    retriever: FakeRetriever,
+    clock: FixedClock,
+) -> Agent:
+    """An ``Agent`` over the eight tools (10 s timeout) with ``settings``' loop config."""
+    tools = LocalToolExecutor(
+        build_default_registry(timeout_seconds=10.0),
+        downstream=downstream,
+        authorizer=authorizer,
+        retriever=retriever,
+        clock=clock,
+        observe_payloads=settings.observe_payloads,
+    )
+    return Agent(llm=llm, tools=tools, config=agent_config(settings))
+
+
 @pytest.fixture
 async def make_agent(
     settings: Settings,
@@ -201,15 +221,7 @@ async def make_agent(
             max_retries=agent_settings.llm_max_retries,
         )
         clients.append(client)
-        tools = LocalToolExecutor(
-            build_default_registry(timeout_seconds=10.0),
-            downstream=downstream,
-            authorizer=authorizer,
-            retriever=retriever,
-            clock=clock,
-            observe_payloads=agent_settings.observe_payloads,
-        )
-        return Agent(llm=client, tools=tools, config=agent_config(agent_settings))
+        return _agent(client, agent_settings, downstream, authorizer, retriever, clock)
 
     yield make
     for client in clients:
@@ -335,14 +347,6 @@ def make_local_agent(
 
     def make(model: LLMClient, **setting_overrides: Any) -> Agent:
         agent_settings = local_settings.model_copy(update=setting_overrides)
-        tools = LocalToolExecutor(
-            build_default_registry(timeout_seconds=10.0),
-            downstream=local_downstream,
-            authorizer=authorizer,
-            retriever=retriever,
-            clock=clock,
-            observe_payloads=agent_settings.observe_payloads,
-        )
-        return Agent(llm=model, tools=tools, config=agent_config(agent_settings))
+        return _agent(model, agent_settings, local_downstream, authorizer, retriever, clock)
 
     return make
