@@ -53,6 +53,7 @@ from agent.llm.base import (
     TextDelta,
     ToolCall,
 )
+from agent.planning import Plan, Planner, hop_request
 from agent.prompts import (
     DECLINE_TEXT,
     IDK_MARKER,
@@ -96,6 +97,9 @@ class AgentConfig:
     temperature: float | None = None  # as sent by the client; recorded on spans
     max_output_tokens: int | None = None
     provider_url: str = ""  # names the provider on spans when the client has no base_url
+    # Route, ground entities and fetch documentation before the first model call
+    # (agent.planning). None: in json_schema mode only (small local models).
+    plan_first: bool | None = None
 
 
 class Agent:
@@ -223,10 +227,17 @@ class Agent:
             ],
             trace_id=trace.trace_id,
         )
+        plan: Plan | None = None
+        if self._plans_first():
+            async for item in Planner(self.tools).plan(run, question, specs):
+                if isinstance(item, Plan):
+                    plan = item
+                else:
+                    yield item
         for hop in range(1, self.max_hops + 1):
             with trace.hop(hop) as hop_ctx:
                 reply: ChatResult | LLMError | None = None
-                request = ChatRequest(messages=tuple(run.messages), tools=specs, model=model)
+                request = hop_request(run, specs, plan, model)
                 replies = self._call_model(run, request, streaming, hop_ctx)
                 async with aclosing(replies):
                     async for event in replies:
@@ -268,6 +279,10 @@ class Agent:
         if streaming:
             yield TokenEvent(text=text)
         yield DoneEvent(response=run.response(text, "tool_loop_exhausted", idk=True))
+
+    def _plans_first(self) -> bool:
+        plan_first = self.config.plan_first
+        return self.mode == "json_schema" if plan_first is None else plan_first
 
     def _retry_malformed(self, run: Run, hop: int, error: MalformedReply) -> bool:
         """Count an unusable reply; True (with a note to the model) while another try is
@@ -370,6 +385,7 @@ class Agent:
         for task in tasks:
             outcome = task.result()
             run.seen_chunks.add(outcome.chunks)
+            run.entities.add_result(outcome.result_json)
             run.traces.append(tool_trace(outcome))
             run.messages.append(
                 Message(

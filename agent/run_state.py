@@ -19,6 +19,7 @@ from agent.answer import (
     UsageOut,
 )
 from agent.citations import ChunkInfo, Citation
+from agent.entities import KnownEntities
 from agent.llm.base import ChatResult, LLMError, MalformedReply, Message, ProviderRejected
 from agent.tools.base import ChunkSink
 from agent.tools.executor import ToolRequest
@@ -66,6 +67,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     malformed: int = 0
     seen_chunks: ChunkSink = field(default_factory=ChunkSink)
+    entities: KnownEntities = field(default_factory=KnownEntities)  # ids resolved so far
     trace_id: str | None = None
 
     def retrieved(self) -> dict[str, ChunkInfo]:

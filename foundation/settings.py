@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=3, ge=0, le=20)
     tool_calling_mode: Literal["native", "json_schema"] = "native"
     max_tool_hops: int = Field(default=6, ge=1, le=50)
+    # Route, ground entities and fetch documentation before the model's first call
+    # (agent.planning): auto = in json_schema mode only.
+    plan_first: Literal["auto", "on", "off"] = "auto"
     model_override_min_role: str = "business_admin"
     allowed_models: CsvList = Field(default_factory=list)
 

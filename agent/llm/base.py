@@ -32,7 +32,11 @@ class ToolExample:
 class ToolSpec:
     """A tool as the model sees it: its name, description and JSON-schema parameters, plus
     what the system prompt says about it (``guidance``: one line on when to use it;
-    ``examples``; ``prompt_order``: where both sit in the prompt, lower first)."""
+    ``examples``; ``prompt_order``: where both sit in the prompt, lower first).
+
+    ``entity_arguments`` names the arguments that hold an entity id and the entity kind
+    (``{"room_ids": "room"}``): a mode that can constrain values (``ChatRequest.choices``)
+    limits them to the ids this request has resolved."""
 
     name: str
     description: str
@@ -40,6 +44,7 @@ class ToolSpec:
     guidance: str | None = None
     examples: tuple[ToolExample, ...] = ()
     prompt_order: int = 100
+    entity_arguments: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,12 @@ class ChatRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Allowed values per entity kind ("building", "room", "chunk", ...) for this call. A
+    # mode with constrained decoding enforces them (json_schema: ``enum``s, and a tool whose
+    # required id has no allowed value is not offered); others may ignore them. A kind that
+    # is absent is unconstrained.
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    allow_refusal: bool = True  # False: this call may not decline as out of scope
 
 
 class LLMError(Exception):

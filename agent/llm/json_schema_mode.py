@@ -62,6 +62,7 @@ __all__ = [
     "JsonSchemaMode",
     "Slot",
     "WorkedExample",
+    "constrain_arguments",
     "parse_step",
     "prior_tool_calls",
     "render_tool_prompt",
@@ -124,30 +125,87 @@ def _hoist_definitions(prefix: str, schema: Mapping[str, Any]) -> tuple[Any, dic
     return body, definitions
 
 
-def step_schema(tools: Sequence[ToolSpec]) -> dict[str, Any]:
+def _constrain_value(schema: Mapping[str, Any], values: tuple[str, ...]) -> dict[str, Any]:
+    """A string (or array-of-strings) property schema limited to ``values``."""
+    out = dict(schema)
+    if out.get("type") == "array" and isinstance(out.get("items"), Mapping):
+        out["items"] = _constrain_value(out["items"], values)
+        return out
+    if "anyOf" in out and isinstance(out["anyOf"], list):
+        out["anyOf"] = [_constrain_value(branch, values) for branch in out["anyOf"]]
+        return out
+    for key in ("minLength", "maxLength", "pattern"):
+        out.pop(key, None)  # the enum says it all; fewer grammar rules
+    out["enum"] = list(values)
+    return out
+
+
+def constrain_arguments(
+    arguments: Mapping[str, Any],
+    entity_arguments: Mapping[str, str],
+    choices: Mapping[str, tuple[str, ...]],
+) -> dict[str, Any] | None:
+    """The tool's ``arguments`` schema with every entity-id argument limited to this
+    request's resolved ids (``enum``), so the model cannot produce an invented id. None when
+    a required id has no allowed value: the tool cannot be called validly this step."""
+    properties = dict(arguments.get("properties") or {})
+    required = list(arguments.get("required") or ())
+    for name, kind in entity_arguments.items():
+        if name not in properties or kind not in choices:
+            continue
+        values = choices[kind]
+        if values:
+            properties[name] = _constrain_value(properties[name], values)
+        elif name in required:
+            return None
+        else:
+            del properties[name]
+    return {**arguments, "properties": properties}
+
+
+def _sources_schema(choices: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "array", "items": {"type": "string"}, "maxItems": 8}
+    if "chunk" in choices:
+        shown = choices["chunk"]
+        if shown:
+            schema["items"] = {"type": "string", "enum": list(shown)}
+        else:
+            schema = {"type": "array", "maxItems": 0}
+    return schema
+
+
+def step_schema(
+    tools: Sequence[ToolSpec],
+    choices: Mapping[str, tuple[str, ...]] | None = None,
+    *,
+    allow_refusal: bool = True,
+) -> dict[str, Any]:
     """The ``oneOf`` schema of one agent step: a branch per tool, then final_answer, decline
-    and idk. Every branch lists ``reason`` first (llama.cpp keeps property order)."""
+    and idk. Every branch lists ``reason`` first (llama.cpp keeps property order).
+
+    ``choices`` (``ChatRequest.choices``) limits entity ids and ``sources`` to what this
+    request has resolved; ``allow_refusal=False`` leaves the decline branch out."""
+    choices = choices or {}
     branches = []
     definitions: dict[str, Any] = {}
     for tool in tools:
         arguments, tool_definitions = _hoist_definitions(
             f"{tool.name}__", tool.parameters or {"type": "object", "properties": {}}
         )
+        constrained = constrain_arguments(arguments, tool.entity_arguments, choices)
+        if constrained is None:
+            continue
         definitions.update(tool_definitions)
         branches.append(
-            _branch({"tool": {"type": "string", "const": tool.name}, "arguments": arguments})
+            _branch({"tool": {"type": "string", "const": tool.name}, "arguments": constrained})
         )
     # Small models rarely write inline [^id] markers; a sources list after the answer is a
     # slot they fill reliably. parse_step turns it into markers (validated like any other).
     branches.append(
-        _branch(
-            {
-                "final_answer": {"type": "string"},
-                "sources": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
-            }
-        )
+        _branch({"final_answer": {"type": "string"}, "sources": _sources_schema(choices)})
     )
-    branches.append(_branch({"decline": {"type": "boolean", "const": True}}))
+    if allow_refusal:
+        branches.append(_branch({"decline": {"type": "boolean", "const": True}}))
     branches.append(_branch({"idk": {"type": "boolean", "const": True}}))
     schema: dict[str, Any] = {"type": "object", "oneOf": branches}
     if definitions:
@@ -155,11 +213,18 @@ def step_schema(tools: Sequence[ToolSpec]) -> dict[str, Any]:
     return schema
 
 
-def response_format(tools: Sequence[ToolSpec], *, strict: bool = False) -> dict[str, Any]:
+def response_format(
+    tools: Sequence[ToolSpec],
+    *,
+    strict: bool = False,
+    choices: Mapping[str, tuple[str, ...]] | None = None,
+    allow_refusal: bool = True,
+) -> dict[str, Any]:
     """The ``response_format`` request field for this mode."""
+    schema = step_schema(tools, choices, allow_refusal=allow_refusal)
     return {
         "type": "json_schema",
-        "json_schema": {"name": SCHEMA_NAME, "strict": strict, "schema": step_schema(tools)},
+        "json_schema": {"name": SCHEMA_NAME, "strict": strict, "schema": schema},
     }
 
 
@@ -586,8 +651,14 @@ class JsonSchemaMode(ModeAdapter):
     def wire_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         return to_wire_messages(messages, tool_result_note=self._tool_result_note)
 
-    def request_fields(self, tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        return {"response_format": response_format(tools, strict=self._strict)}
+    def request_fields(self, request: ChatRequest) -> dict[str, Any]:
+        schema = response_format(
+            request.tools,
+            strict=self._strict,
+            choices=request.choices,
+            allow_refusal=request.allow_refusal,
+        )
+        return {"response_format": schema}
 
     def parse_reply(
         self, message: ChatCompletionMessage, request: ChatRequest, meta: ReplyMeta

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 from openai.types.chat import ChatCompletionMessage
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 
-from agent.llm.base import ChatRequest, ChatResult, Message, StreamEvent, ToolSpec, Usage
+from agent.llm.base import ChatRequest, ChatResult, Message, StreamEvent, Usage
 
 ToolCallingMode = Literal["native", "json_schema"]
 
@@ -41,8 +41,9 @@ class ModeAdapter(ABC):
         """Port messages -> the ``messages`` request field."""
 
     @abstractmethod
-    def request_fields(self, tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        """The mode's own request fields (``tools`` or ``response_format``)."""
+    def request_fields(self, request: ChatRequest) -> dict[str, Any]:
+        """The mode's own request fields (``tools`` or ``response_format``) for ``request``
+        (its tools, and the ``choices`` a constraining mode enforces)."""
 
     @abstractmethod
     def parse_reply(

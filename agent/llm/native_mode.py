@@ -34,7 +34,10 @@ class NativeMode(ModeAdapter):
     def wire_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         return native_wire_messages(messages)
 
-    def request_fields(self, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+    def request_fields(self, request: ChatRequest) -> dict[str, Any]:
+        # choices are not sent: native providers keep the plain loop (ids are checked by the
+        # tools, as before).
+        tools = request.tools
         return {"tools": [native_tool(tool) for tool in tools]} if tools else {}
 
     def parse_reply(

@@ -227,7 +227,7 @@ class OpenAICompatibleClient:
         kwargs: dict[str, Any] = {
             "model": request.model or self._default_model,
             "messages": self._mode.wire_messages(request.messages),
-            **self._mode.request_fields(request.tools),
+            **self._mode.request_fields(request),
         }
         max_tokens = request.max_output_tokens or self._max_output_tokens
         if max_tokens is not None:

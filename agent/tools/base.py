@@ -26,6 +26,7 @@ from retrieval.search import SearchHit
 __all__ = [
     "ArgsT",
     "ChunkSink",
+    "EntityRef",
     "Retriever",
     "Tool",
     "ToolContext",
@@ -71,6 +72,39 @@ class ChunkSink:
     @property
     def chunks(self) -> dict[str, SearchHit]:
         return dict(self._chunks)
+
+
+@dataclass(frozen=True)
+class EntityRef:
+    """Marks an argument type as an entity id of ``kind`` (``Annotated[str, EntityRef("room")]``),
+    so the tool's spec lists it in ``entity_arguments`` (the loop constrains such values)."""
+
+    kind: str
+
+
+def _entity_kind(annotation: Any, metadata: Iterable[Any] = ()) -> str | None:
+    """The ``EntityRef`` kind of an argument (looking inside ``list[...]`` and ``X | None``)."""
+    for item in metadata:
+        if isinstance(item, EntityRef):
+            return item.kind
+    for item in getattr(annotation, "__metadata__", ()):
+        if isinstance(item, EntityRef):
+            return item.kind
+    for arg in get_args(annotation):
+        kind = _entity_kind(arg)
+        if kind is not None:
+            return kind
+    return None
+
+
+def entity_arguments(model: type[BaseModel]) -> dict[str, str]:
+    """``{argument: entity kind}`` for the fields of an args model typed with ``EntityRef``."""
+    out: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        kind = _entity_kind(info.annotation, info.metadata)
+        if kind is not None:
+            out[name] = kind
+    return out
 
 
 def utc_now() -> datetime:
@@ -147,6 +181,7 @@ class Tool(ABC, Generic[ArgsT]):
             guidance=self.guidance,
             examples=self.examples,
             prompt_order=self.prompt_order,
+            entity_arguments=entity_arguments(self.args_model),
         )
 
     @abstractmethod

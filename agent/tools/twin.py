@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, St
 from pydantic.json_schema import SkipJsonSchema
 
 from agent.access import accessible_domains
-from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
+from agent.tools.base import EntityRef, Tool, ToolContext, ToolError, ToolExample
 from agent.tools.downstream import NotFoundError, path
 
 BUILDING_NOT_FOUND = "Building not found or not accessible."
@@ -41,8 +41,12 @@ EntityId = Annotated[
     StringConstraints(strip_whitespace=True, min_length=1, max_length=128),
     AfterValidator(_check_id),
 ]
-BuildingId = Annotated[EntityId, Field(description="Building ID, e.g. from list_buildings.")]
-RoomId = Annotated[EntityId, Field(description="Room ID, e.g. from get_building.")]
+BuildingId = Annotated[
+    EntityId, Field(description="Building ID, e.g. from list_buildings."), EntityRef("building")
+]
+RoomId = Annotated[
+    EntityId, Field(description="Room ID, e.g. from get_building."), EntityRef("room")
+]
 
 
 class Args(BaseModel):

@@ -1,0 +1,205 @@
+"""The service's first step for small models: route the question, ground its entities and
+fetch documentation up front, so the model is handed a smaller, better-posed job.
+
+Used by the loop in ``json_schema`` mode (the packaged local models); native providers keep
+the plain agentic loop. Everything here runs as the asking user through the same
+``ToolExecutor`` the model's calls use (Cedar, the ACL filter, the one not-found answer), so
+the planner can never show a building or chunk the model could not have fetched itself.
+
+What it does, in order:
+
+1. ``list_buildings`` as the caller (a lookup, not shown to the model), to match the
+   building names the question mentions; ids the question types count as entities too.
+2. A documentation search with the question, unless it is a greeting or names entities
+   without a documented token, to score how well the documentation covers it.
+3. ``routing.route`` on those signals.
+4. For live data: for each named building (at most ``MAX_GROUNDED``), ``list_buildings``
+   filtered by its name and ``get_building`` (its rooms and their ids) run as visible tool
+   steps; the model starts from the ids instead of guessing them. For documentation: the
+   search becomes a visible ``search_docs`` step holding only the best few chunks, trimmed
+   to the sentences that match.
+
+Visible steps appear in the tool trace and as ``tool`` events, exactly like the model's own
+calls; the unfiltered lookup of step 1 does not (its result never reaches the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from agent.answer import AgentEvent, ToolEvent
+from agent.entities import KnownEntities, NamedEntity, match_names, named_entities
+from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
+from agent.routing import RouteDecision, RouteSignals, best_coverage, doc_tokens, is_greeting
+from agent.routing import route as decide_route
+from agent.run_state import Run, tool_trace
+from agent.tools.executor import ToolExecutor
+from agent.tools.registry import ToolOutcome
+from retrieval.search import SearchHit
+
+__all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
+
+MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
+DOC_HITS_SHOWN = 3  # chunks of the up-front search the model sees
+SNIPPET_CHARS = 480  # per chunk, after trimming to the matching sentences
+
+LIVE_KINDS = ("building", "room")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the loop offers the model for this question: the route, the tools, and which
+    entity kinds its id arguments are limited to (``Run.entities``)."""
+
+    decision: RouteDecision
+    tools: tuple[ToolSpec, ...]
+    constrained_kinds: tuple[str, ...] = (*LIVE_KINDS, "chunk")
+
+
+def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
+    """The chunk's sentences that share most words with the question, in their order."""
+    sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+    if sum(len(s) + 1 for s in sentences) <= limit:
+        return " ".join(sentences)
+    ranked = sorted(
+        range(len(sentences)),
+        key=lambda i: (-best_coverage(question, [sentences[i]]), i),
+    )
+    keep: list[int] = []
+    used = 0
+    for index in ranked:
+        if used + len(sentences[index]) > limit and keep:
+            continue
+        keep.append(index)
+        used += len(sentences[index]) + 1
+    return " ".join(sentences[i] for i in sorted(keep))[: limit + 40]
+
+
+def compact_hits(question: str, hits: Sequence[SearchHit]) -> str:
+    """The search result the model sees: the best chunks, trimmed, with their ids."""
+    results = [
+        {
+            "chunk_id": hit.chunk_id,
+            "source": hit.source,
+            "section": hit.section,
+            "text": _trim(question, hit.text),
+        }
+        for hit in hits[:DOC_HITS_SHOWN]
+    ]
+    return json.dumps({"results": results}, ensure_ascii=False, separators=(",", ":"))
+
+
+class Planner:
+    """Builds the ``Plan`` of one run and adds its visible steps to the run."""
+
+    def __init__(self, tools: ToolExecutor) -> None:
+        self.tools = tools
+        self._calls = 0
+
+    async def plan(
+        self, run: Run, question: str, specs: Sequence[ToolSpec]
+    ) -> AsyncIterator[AgentEvent | Plan]:
+        """Yields a ``tool`` event per visible step, then the ``Plan``."""
+        names = {spec.name for spec in specs}
+        entities = run.entities
+        entities.add_typed(question, LIVE_KINDS)
+        named = await self._named_buildings(run, question) if "list_buildings" in names else []
+        tokens = doc_tokens(question)
+        search: ToolOutcome | None = None
+        greeting = is_greeting(question)
+        if "search_docs" in names and not greeting and (tokens or not (named or entities.ids)):
+            search = await self._execute(run, "search_docs", {"query": question[:500]})
+        hits = list(search.chunks) if search is not None and search.ok else []
+        texts = [hit.text for hit in hits]
+        signals = RouteSignals(
+            greeting=greeting,
+            entities=len(named) + len(entities.ids.get("building", {})),
+            doc_tokens_found=any(token in text for token in tokens for text in texts),
+            doc_coverage=best_coverage(question, texts),
+        )
+        decision = decide_route(signals)
+        run.notes.append(f"route: {decision.route} ({decision.why})")
+        if decision.wants_live:
+            for building in named[:MAX_GROUNDED]:
+                async for event in self._ground(run, entities, building):
+                    yield event
+        if decision.wants_docs and search is not None and hits:
+            yield self._show_docs(run, search, question)
+        yield Plan(decision, self._offered(decision, specs))
+
+    # --- the lookups --------------------------------------------------------------------------
+
+    async def _execute(self, run: Run, name: str, arguments: dict[str, object]) -> ToolOutcome:
+        self._calls += 1
+        call = ToolCall(f"plan_{self._calls}", name, json.dumps(arguments))
+        return await self.tools.execute(call, run.request)
+
+    async def _named_buildings(self, run: Run, question: str) -> list[NamedEntity]:
+        outcome = await self._execute(run, "list_buildings", {})
+        if not outcome.ok:
+            return []
+        buildings = [e for e in named_entities(outcome.result_json) if e.kind == "building"]
+        return match_names(question, buildings)
+
+    # --- the visible steps --------------------------------------------------------------------
+
+    def _record(self, run: Run, outcome: ToolOutcome, content: str) -> ToolEvent:
+        call = ToolCall(outcome.call_id, outcome.name, json.dumps(outcome.arguments))
+        run.messages.append(Message("assistant", None, tool_calls=(call,)))
+        run.messages.append(
+            Message("tool", content, tool_call_id=outcome.call_id, name=outcome.name)
+        )
+        trace = tool_trace(outcome)
+        run.traces.append(trace)
+        return ToolEvent(call=trace)
+
+    async def _ground(
+        self, run: Run, entities: KnownEntities, building: NamedEntity
+    ) -> AsyncIterator[AgentEvent]:
+        listed = await self._execute(run, "list_buildings", {"name": building.name})
+        entities.add_result(listed.result_json)
+        yield self._record(run, listed, listed.result_json)
+        detail = await self._execute(run, "get_building", {"building_id": building.entity_id})
+        entities.add_result(detail.result_json)
+        yield self._record(run, detail, detail.result_json)
+
+    def _show_docs(self, run: Run, search: ToolOutcome, question: str) -> ToolEvent:
+        """The up-front search as a visible ``search_docs`` step holding only the chunks
+        shown (the only ones the answer may cite)."""
+        shown = list(search.chunks[:DOC_HITS_SHOWN])
+        run.seen_chunks.add(shown)
+        for hit in shown:
+            run.entities.add("chunk", hit.chunk_id)
+        visible = dataclasses.replace(search, chunks=tuple(shown))
+        return self._record(run, visible, compact_hits(question, shown))
+
+    @staticmethod
+    def _offered(decision: RouteDecision, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+        if decision.route == "greeting":
+            return ()
+        if decision.route == "documentation":
+            return tuple(spec for spec in specs if spec.name == "search_docs")
+        if decision.route == "live_data":
+            return tuple(spec for spec in specs if spec.name != "search_docs")
+        return tuple(specs)
+
+
+def hop_request(
+    run: Run, specs: Sequence[ToolSpec], plan: Plan | None, model: str | None
+) -> ChatRequest:
+    """A hop's model call. With a plan: only the route's tools, its refusal rule, and id
+    arguments limited to the ids the run has resolved (``Run.entities``)."""
+    if plan is None:
+        return ChatRequest(messages=tuple(run.messages), tools=tuple(specs), model=model)
+    return ChatRequest(
+        messages=tuple(run.messages),
+        tools=plan.tools,
+        model=model,
+        choices=run.entities.choices(plan.constrained_kinds),
+        allow_refusal=plan.decision.allow_refusal,
+    )

@@ -1,0 +1,189 @@
+"""The planner (agent.planning) in front of the json_schema loop: routing, entity grounding
+with ids limited to what this request resolved, and documentation fetched up front.
+
+The model is a FunctionModel that records each request, so the tests see exactly what the
+model was offered (tools, ``choices``, ``allow_refusal``), and the JSON step schema the
+json_schema adapter builds from it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agent_helpers import NORTHWIND_STAFF, FakeRetriever, hit, mesh_user
+
+from agent.llm.base import ChatRequest, ChatResult
+from agent.llm.json_schema_mode import step_schema
+from agent.loop import Agent
+from agent.testing import FunctionModel, ScriptedModel, text_reply, tool_call, tool_calls_reply
+from agent.tools.twin import BUILDING_NOT_FOUND
+
+HARBOR_ROOMS = [
+    "room-harbor-dock-a",
+    "room-harbor-dock-b",
+    "room-harbor-cold-store",
+    "room-harbor-dispatch",
+]
+ACME_STAFF = mesh_user("u-acme", ("acme", "business_staff"))
+
+
+def json_model(*replies: ChatResult) -> ScriptedModel:
+    return ScriptedModel(*replies, tool_calling_mode="json_schema")
+
+
+def tool_branches(request: ChatRequest) -> dict[str, dict[str, Any]]:
+    """The tool branches of the step schema the adapter sends for this request."""
+    schema = step_schema(request.tools, request.choices, allow_refusal=request.allow_refusal)
+    out = {}
+    for branch in schema["oneOf"]:
+        props = branch["properties"]
+        if "tool" in props:
+            out[props["tool"]["const"]] = props["arguments"]
+    return out
+
+
+def has_decline(request: ChatRequest) -> bool:
+    schema = step_schema(request.tools, request.choices, allow_refusal=request.allow_refusal)
+    return any("decline" in b["properties"] for b in schema["oneOf"])
+
+
+async def test_a_named_building_is_resolved_before_the_model_is_called(
+    make_local_agent: Any,
+) -> None:
+    model = json_model(
+        tool_calls_reply(tool_call("get_room_occupancy", {"room_ids": HARBOR_ROOMS[:2]})),
+        text_reply("Loading Dock A and B are in use."),
+    )
+    agent: Agent = make_local_agent(model, plan_first="on")
+
+    answer = await agent.answer("How busy is Harbor Warehouse right now?", NORTHWIND_STAFF)
+
+    names = [c.name for c in answer.tool_calls]
+    assert names == ["list_buildings", "get_building", "get_room_occupancy"]
+    assert answer.tool_calls[0].arguments == {"name": "Harbor Warehouse"}
+    assert answer.tool_calls[1].arguments == {"building_id": "bld-northwind-harbor"}
+    assert "route: live_data" in " ".join(answer.notes)
+    first = model.requests[0]
+    # the model starts from the building's rooms, and can only pick their ids
+    assert set(first.choices["room"]) == set(HARBOR_ROOMS)
+    assert first.choices["building"] == ("bld-northwind-harbor",)
+    branches = tool_branches(first)
+    assert "search_docs" not in branches  # live data: no documentation tool
+    room_ids = branches["get_room_occupancy"]["properties"]["room_ids"]
+    assert set(room_ids["items"]["enum"]) == set(HARBOR_ROOMS)
+    assert not has_decline(first)  # a question naming the caller's building is in scope
+
+
+async def test_unknown_and_forbidden_building_names_plan_the_same(
+    make_local_agent: Any,
+) -> None:
+    """Harbor Warehouse is northwind's; for an acme caller it must look like a name that
+    does not exist: same route, same tools offered, same (empty) ids."""
+    seen = []
+    for question in (
+        "How busy is Harbor Warehouse right now?",
+        "How busy is Riverside Mall right now?",
+    ):
+        model = json_model(text_reply("I don't know."))
+        answer = await make_local_agent(model, plan_first="on").answer(question, ACME_STAFF)
+        request = model.requests[0]
+        seen.append(
+            (
+                [c.name for c in answer.tool_calls],
+                [n for n in answer.notes if n.startswith("route")],
+                sorted(tool_branches(request)),
+                request.choices["room"],
+                request.choices["building"],
+            )
+        )
+        assert "Harbor" not in json.dumps([m.content for m in request.messages[2:]])
+    assert seen[0] == seen[1]
+    assert seen[0][0] == []  # nothing shown to the model: the lookup found no match
+
+
+async def test_a_typed_id_is_allowed_even_when_it_is_not_found(make_local_agent: Any) -> None:
+    model = json_model(
+        tool_calls_reply(tool_call("get_building", {"building_id": "bld-mars-base-7"})),
+        text_reply("I don't know."),
+    )
+    agent: Agent = make_local_agent(model, plan_first="on")
+
+    answer = await agent.answer("Which rooms does building bld-mars-base-7 have?", ACME_STAFF)
+
+    assert model.requests[0].choices["building"] == ("bld-mars-base-7",)
+    assert answer.tool_calls[-1].error == BUILDING_NOT_FOUND
+
+
+async def test_id_tools_are_not_offered_before_an_id_is_known(make_local_agent: Any) -> None:
+    """No building named, no id typed: get_building and the room tools cannot be called
+    (an id would have to be invented); list_buildings can."""
+    model = json_model(
+        tool_calls_reply(tool_call("list_buildings", {})),
+        text_reply("You can see Acme Tower and Acme Labs."),
+    )
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "Which buildings do I have access to?", ACME_STAFF
+    )
+
+    first, second = model.requests
+    assert "get_building" not in tool_branches(first)
+    assert "get_room_occupancy" not in tool_branches(first)
+    assert "list_buildings" in tool_branches(first)
+    # after list_buildings returned them, the caller's building ids are allowed
+    assert set(second.choices["building"]) == {"bld-acme-tower", "bld-acme-labs"}
+    enum = tool_branches(second)["get_building"]["properties"]["building_id"]["enum"]
+    assert set(enum) == {"bld-acme-tower", "bld-acme-labs"}
+    assert answer.decision == "answered"
+
+
+async def test_a_documentation_question_gets_a_compact_search_up_front(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    long_tail = " ".join(f"Unrelated sentence number {n} about dashboards." for n in range(40))
+    retriever.hits = [
+        hit("c-stale", f"{long_tail} SENSOR_STALE_AFTER_SECONDS defaults to 900 seconds."),
+        hit("c-other", "Alerts repeat at most once per cooldown period."),
+        hit("c-third", "Reports are exported as CSV."),
+        hit("c-fourth", "Never shown: only the best three chunks are."),
+    ]
+    model = json_model(text_reply("It defaults to 900 seconds. [^c-stale]"))
+
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF
+    )
+
+    assert [c.name for c in answer.tool_calls] == ["search_docs"]
+    assert [c.chunk_id for c in answer.citations] == ["c-stale"]
+    request = model.requests[0]
+    assert request.choices["chunk"] == ("c-stale", "c-other", "c-third")
+    assert not has_decline(request)  # a documented token: never declined as off-topic
+    assert [spec.name for spec in request.tools] == ["search_docs"]
+    shown = json.loads(request.messages[-1].content or "")
+    texts = [result["text"] for result in shown["results"]]
+    assert "900 seconds" in texts[0] and len(texts[0]) < 600  # trimmed to what matches
+    assert answer.retrieval.chunk_ids == ["c-stale", "c-other", "c-third"]
+
+
+async def test_a_greeting_is_offered_no_tool(make_local_agent: Any) -> None:
+    model = json_model(text_reply("Hello! I can help with your buildings."))
+    answer = await make_local_agent(model, plan_first="on").answer("Hello!", ACME_STAFF)
+
+    assert answer.tool_calls == []
+    assert model.requests[0].tools == ()
+    assert "route: greeting" in " ".join(answer.notes)
+
+
+async def test_native_mode_keeps_the_plain_loop_by_default(make_local_agent: Any) -> None:
+    requests: list[ChatRequest] = []
+
+    def reply(request: ChatRequest) -> ChatResult:
+        requests.append(request)
+        return text_reply("Hello!")
+
+    answer = await make_local_agent(FunctionModel(reply), plan_first="auto").answer(
+        "How busy is Harbor Warehouse right now?", NORTHWIND_STAFF
+    )
+
+    assert answer.tool_calls == []
+    assert requests[0].choices == {} and requests[0].allow_refusal
+    assert len(requests[0].tools) == 8
