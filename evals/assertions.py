@@ -28,7 +28,7 @@ class AssertionResult:
     name: str
     passed: bool
     evidence: str
-    skipped: bool = False  # not graded (a judge-graded expectation with --no-judge)
+    skipped: bool = False  # not checked (a rubric with no judge): the row is only PARTIAL
 
     @property
     def failed(self) -> bool:
@@ -216,11 +216,28 @@ def check_decision(expected: str, response: AgentAnswer) -> AssertionResult:
     )
 
 
+DECLINED = "declined_out_of_scope"
+
+
+def check_declined(expected: bool, response: AgentAnswer) -> AssertionResult:
+    """``declined`` checked from what the service did, no judge needed: a decline is the
+    service's own ``declined_out_of_scope`` decision with no tool called (the prompt says
+    to refuse without touching a tool); engaging is any other decision. The row's
+    ``forbidden`` strings, checked on their own, catch an answer given despite the decline."""
+    called = [call.name for call in response.tool_calls]
+    seen = f"decision={response.decision}; tools called: {_names(called)}"
+    if expected:
+        held = response.decision == DECLINED and not called
+        return AssertionResult("declined", held, f"{seen}; expected {DECLINED} and no tool")
+    held = response.decision != DECLINED
+    return AssertionResult("declined", held, f"{seen}; expected a decision other than {DECLINED}")
+
+
 def check_judged(name: str, outcome: JudgeOutcome | None) -> AssertionResult:
-    """A judge-graded expectation: skipped without a judge, failed when it had no usable
-    verdict."""
+    """A judge-graded expectation: not checked without a judge (the row is then PARTIAL),
+    failed when it had no usable verdict."""
     if outcome is None:
-        return AssertionResult(name, False, "not graded: judge disabled (--no-judge)", True)
+        return AssertionResult(name, False, "not checked: no judge configured", True)
     if outcome.verdict is None:
         return AssertionResult(name, False, outcome.error or "judge reply unusable")
     verdict = outcome.verdict
@@ -232,30 +249,18 @@ def check_judged(name: str, outcome: JudgeOutcome | None) -> AssertionResult:
     )
 
 
-def check_http_status(status: int, row: Row) -> AssertionResult | None:
-    """A full answer that came with an error status: only a row expecting
-    ``provider_error`` accepts it."""
-    if status < 400 or row.decision == "provider_error":
-        return None
-    return AssertionResult("http_status", False, f"HTTP {status} (the run ended in an error)")
-
-
 def score_row(
     row: Row,
     response: AgentAnswer,
     judge_verdicts: Mapping[str, JudgeOutcome] | None = None,
-    *,
-    http_status: int = 200,
 ) -> list[AssertionResult]:
     """Every expectation of ``row`` checked against ``response``, in schema order.
 
-    ``judge_verdicts`` maps ``declined``/``rubric`` to the judge's outcome; a missing entry
-    means no judge ran, and the expectation is reported as skipped."""
+    ``judge_verdicts`` maps ``declined``/``rubric`` to the judge's outcome. ``declined`` is
+    checked deterministically, and a judge's verdict on it is one more check
+    (``declined.judge``); a ``rubric`` with no verdict is reported as not checked."""
     verdicts = judge_verdicts or {}
     results: list[AssertionResult] = []
-    status = check_http_status(http_status, row)
-    if status is not None:
-        results.append(status)
     if row.tools_called is not None:
         results.extend(check_tools_called(row.tools_called, response))
     if row.tool_args is not None:
@@ -270,6 +275,10 @@ def score_row(
         results.append(check_idk(row.idk, response))
     if row.decision is not None:
         results.append(check_decision(row.decision, response))
-    for name in row.judged:
-        results.append(check_judged(name, verdicts.get(name)))
+    if row.declined is not None:
+        results.append(check_declined(row.declined, response))
+        if "declined" in verdicts:
+            results.append(check_judged("declined.judge", verdicts["declined"]))
+    if row.rubric is not None:
+        results.append(check_judged("rubric", verdicts.get("rubric")))
     return results

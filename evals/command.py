@@ -168,7 +168,7 @@ def _rescore(options: EvalOptions, dataset: Dataset, console: Console) -> int:
     from evals.runner import read_responses, rescore
 
     assert options.rescore is not None
-    run = rescore(dataset, read_responses(options.rescore))
+    run = rescore(dataset, read_responses(options.rescore), str(options.rescore))
     print_summary(run, console, strict=options.strict)
     directory = options.out_dir or options.rescore.parent
     for path in _write_run(run, directory, options, single=True):

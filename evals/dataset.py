@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -102,6 +103,24 @@ class Keywords(_Strict):
         return self
 
 
+class XFail(_Strict):
+    """A known gap of some models: the row is expected to fail only when the model under
+    eval matches one of ``models`` (an exact id or an ``fnmatch`` glob, case-insensitive).
+    Scoped so that a gap of a small local model never hides the same row for another."""
+
+    models: NonEmptyList
+    reason: NonEmpty
+
+    def applies_to(self, model: str | None) -> bool:
+        if not model:
+            return False
+        name = model.strip().casefold()
+        return any(fnmatchcase(name, pattern.casefold()) for pattern in self.models)
+
+
+XFAIL_FORM = 'xfail: {models: [MODEL_ID_OR_GLOB], reason: "why it fails for them"}'
+
+
 class Row(_Strict):
     """One golden row (see evals/README.md for what each expectation checks)."""
 
@@ -117,15 +136,20 @@ class Row(_Strict):
     decision: Decision | None = None
     declined: bool | None = None
     rubric: NonEmpty | None = None
-    xfail: str | None = None
+    xfail: XFail | None = None
     tags: list[NonEmpty] = Field(default_factory=list)
 
     @field_validator("xfail", mode="before")
     @classmethod
-    def _reason(cls, value: object) -> object:
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError('a reason is required (xfail: "why this row is expected to fail")')
-        return value.strip()
+    def _scoped(cls, value: object) -> object:
+        # The old bare-string form hid the row for every model: refuse it, saying the form.
+        if not isinstance(value, Mapping):
+            raise ValueError(f"give the models it is about and a reason ({XFAIL_FORM})")
+        return value
+
+    def xfail_for(self, model: str | None) -> XFail | None:
+        """The row's xfail marker when it applies to ``model``, else None."""
+        return self.xfail if self.xfail is not None and self.xfail.applies_to(model) else None
 
     @model_validator(mode="after")
     def _has_expectation(self) -> Row:
@@ -135,7 +159,8 @@ class Row(_Strict):
 
     @property
     def judged(self) -> list[str]:
-        """The expectations only a judge model can grade."""
+        """The expectations a judge grades when one is configured (``declined`` is also
+        checked without one, from the decision and the tool calls)."""
         return [name for name in JUDGED if getattr(self, name) is not None]
 
 

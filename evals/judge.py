@@ -164,6 +164,9 @@ def model_family(model: str) -> str:
     return match.group(0) if match else bare
 
 
+SAME_FAMILY_WARNING = "judge is the same family as the answered model: grades are biased"
+
+
 def same_family(judge_model: str, answer_models: Iterable[str]) -> str | None:
     """A warning when the judge shares a family with any answer model, else None."""
     family = model_family(judge_model)
@@ -171,9 +174,9 @@ def same_family(judge_model: str, answer_models: Iterable[str]) -> str | None:
     if not clashes:
         return None
     return (
-        f"the judge model {judge_model} is of the same family ({family}) as the answer model "
-        f"{', '.join(clashes)}: its grades may favour its own style (set JUDGE_MODEL to another "
-        "family)"
+        f"{SAME_FAMILY_WARNING} (judge {judge_model}, answer model {', '.join(clashes)}: "
+        f"both {family}; a model favours its own style, so set JUDGE_MODEL to another family "
+        "for grades to trust)"
     )
 
 

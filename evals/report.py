@@ -2,23 +2,42 @@
 table printed at the end of a run.
 
 JUnit mapping: FAIL is a ``failure``, ERROR an ``error``, XFAIL ``skipped`` (with the xfail
-reason), XPASS a passing case carrying an ``xpass`` property, or a ``failure`` under
-``--strict``. Judge-graded expectations not graded (``--no-judge``) are listed as a
-``not_graded`` property.
+reason), PARTIAL ``skipped`` too (it is not a pass: the expectations not checked are in the
+message and a ``not_checked`` property), XPASS a passing case carrying an ``xpass``
+property, or a ``failure`` under ``--strict``.
+
+The pass rate everywhere is fully passed rows (PASS + XPASS) over all rows; the Markdown
+report says so, and breaks it down per route (the kind of row, from its tags).
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from evals.runner import EvalRun, RowResult, Status
+from evals.runner import EvalRun, RowResult, Status, loud_warning
 
 ANSWER_EXCERPT_CHARS = 500
+
+# A row's route is the first of these tags it carries: one route per row, so the per-route
+# rows add up to the whole run (a permission row about a hidden page is "permission", not
+# "documentation").
+ROUTES: tuple[tuple[str, str], ...] = (
+    ("off-topic", "off-topic / scope"),
+    ("greeting", "greeting"),
+    ("permission", "permission"),
+    ("idk", "idk"),
+    ("multi-hop", "multi-hop live data"),
+    ("unknown-building", "unknown building"),
+    ("live-data", "live data, one tool"),
+    ("doc", "documentation"),
+)
+OTHER_ROUTE = "other"
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
@@ -39,6 +58,22 @@ def fmt_usd(value: float | None) -> str:
 
 def fmt_rate(value: float) -> str:
     return f"{value * 100:.1f}%"
+
+
+def pass_rate_rule(run: EvalRun) -> str:
+    """What the pass rate counts, said exactly."""
+    return (
+        f"{fmt_rate(run.pass_rate)} = {run.fully_passed} fully passed (PASS + XPASS: every "
+        f"declared expectation checked and held) / all {run.total} rows (FAIL, ERROR, XFAIL "
+        "and PARTIAL rows count in the denominator only)"
+    )
+
+
+def row_route(tags: Sequence[str]) -> str:
+    for tag, route in ROUTES:
+        if tag in tags:
+            return route
+    return OTHER_ROUTE
 
 
 def _row_failure_text(result: RowResult) -> str:
@@ -63,7 +98,7 @@ def junit_xml(run: EvalRun, *, strict: bool | None = None) -> str:
         tests=str(run.total),
         failures=str(failures),
         errors=str(counts[Status.ERROR]),
-        skipped=str(counts[Status.XFAIL]),
+        skipped=str(counts[Status.XFAIL] + counts[Status.PARTIAL]),
         time=f"{run.duration_s:.3f}",
         timestamp=run.started_at.strftime("%Y-%m-%dT%H:%M:%S"),
     )
@@ -85,9 +120,9 @@ def junit_xml(run: EvalRun, *, strict: bool | None = None) -> str:
         )
         properties = ET.SubElement(case, "properties")
         ET.SubElement(properties, "property", name="status", value=result.status.value)
-        if result.skipped_assertions:
-            names = ", ".join(a.name for a in result.skipped_assertions)
-            ET.SubElement(properties, "property", name="not_graded", value=names)
+        not_checked = ", ".join(a.name for a in result.skipped_assertions)
+        if not_checked:
+            ET.SubElement(properties, "property", name="not_checked", value=not_checked)
         text = _xml_text(_row_failure_text(result))
         if result.status is Status.FAIL:
             count = len(result.failed_assertions)
@@ -103,6 +138,10 @@ def junit_xml(run: EvalRun, *, strict: bool | None = None) -> str:
                 case, "error", message=_xml_text((result.error or "error")[:200]), type="Error"
             )
             error.text = text
+        elif result.status is Status.PARTIAL:
+            ET.SubElement(
+                case, "skipped", message=_xml_text(f"partially checked: not checked {not_checked}")
+            )
         elif result.status is Status.XFAIL:
             skipped = ET.SubElement(
                 case, "skipped", message=_xml_text(f"xfail: {result.xfail or ''}")
@@ -151,24 +190,67 @@ def _tokens(result: RowResult) -> str:
 
 
 def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
-    """The run for people: header and totals, one table row per dataset row, then every
-    failing and XPASS row's failed expectations with evidence and an answer excerpt."""
+    """The run for people: header and totals (the pass rate defined), a biased-judge warning
+    up top, per-route rates and latency, one table row per dataset row, then the failing,
+    XPASS and partially checked rows with evidence, and the XFAIL rows with reasons."""
     strict = run.strict if strict is None else strict
-    counts = run.counts
-    lines = [
-        f"# Eval report: {run.dataset} ({run.started_at:%Y-%m-%d})",
-        "",
+    lines = _header(run, strict) + _warnings(run) + _totals(run) + _routes(run) + _rows(run)
+    flagged = [r for r in run.results if r.status in (Status.FAIL, Status.ERROR, Status.XPASS)]
+    if flagged:
+        lines += ["## Failures, errors and XPASS", ""]
+        for r in flagged:
+            lines += _row_details(r)
+    lines += _partial(run) + _xfailed(run)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _header(run: EvalRun, strict: bool) -> list[str]:
+    lines = [f"# Eval report: {run.dataset} ({run.started_at:%Y-%m-%d})", ""]
+    if run.rescored_from:
+        lines += [
+            f"**Re-scored** from saved answers ({md_cell(run.rescored_from)}), not a fresh "
+            "run: no question was asked again and saved judge verdicts were reused.",
+            "",
+        ]
+    return [
+        *lines,
         f"- Date: {run.started_at:%Y-%m-%d %H:%M:%S} UTC ({run.duration_s:.1f} s)",
         f"- Base URL: `{run.base_url}`",
         f"- Answer model: {run.label}" + (" (per-request override)" if run.model else ""),
-        f"- Judge model: {run.judge_model or 'none (judge-graded expectations not graded)'}",
-        f"- Rows: {run.total}; pass rate {fmt_rate(run.pass_rate)} (PASS + XPASS over all rows)"
+        f"- Judge model: {run.judge_model or 'none (rubric expectations not checked)'}",
+        f"- Rows: {run.total}; pass rate {pass_rate_rule(run)}"
         + ("; strict: XPASS fails the run" if strict else ""),
+        f"- Partially checked (PARTIAL, not passes): {run.counts[Status.PARTIAL]} rows whose "
+        "every checked expectation held but some could not be checked (listed below)",
         "",
-        "| PASS | FAIL | ERROR | XFAIL | XPASS | pass rate | p50 | p95 | tokens in/out | cost |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {counts[Status.PASS]} | {counts[Status.FAIL]} | {counts[Status.ERROR]} "
-        f"| {counts[Status.XFAIL]} | {counts[Status.XPASS]} | {fmt_rate(run.pass_rate)} "
+    ]
+
+
+def _warnings(run: EvalRun) -> list[str]:
+    stale = [r for r in run.results if r.status is Status.XPASS]
+    if not run.warnings and not stale:
+        return []
+    lines = ["## Warnings", ""]
+    lines += [f"> **WARNING: {md_cell(w)}**" for w in run.warnings]
+    if run.warnings:
+        lines.append("")
+    lines += [
+        f"- **XPASS** `{r.id}`: passes although marked xfail for "
+        f"{md_cell(', '.join(r.xfail_models))} ({md_cell(r.xfail)}); the marker is stale, "
+        "remove it"
+        for r in stale
+    ]
+    return lines + ([""] if stale else [])
+
+
+def _totals(run: EvalRun) -> list[str]:
+    c = run.counts
+    lines = [
+        "| PASS | PARTIAL | FAIL | ERROR | XFAIL | XPASS | pass rate | p50 | p95 "
+        "| tokens in/out | cost |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {c[Status.PASS]} | {c[Status.PARTIAL]} | {c[Status.FAIL]} | {c[Status.ERROR]} "
+        f"| {c[Status.XFAIL]} | {c[Status.XPASS]} | {fmt_rate(run.pass_rate)} "
         f"| {fmt_ms(run.p50_ms)} | {fmt_ms(run.p95_ms)} "
         f"| {run.input_tokens:,}/{run.output_tokens:,} | {fmt_usd(run.cost_usd)}"
         + ("" if run.cost_complete else " (partial)")
@@ -182,18 +264,45 @@ def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
             f"cost {fmt_usd(judge.cost_usd)}, {judge.failures} without a usable verdict.",
             "",
         ]
-    stale = [r for r in run.results if r.status is Status.XPASS]
-    if run.warnings or stale:
-        lines.append("## Warnings")
-        lines.append("")
-        lines += [f"- {md_cell(w)}" for w in run.warnings]
-        lines += [
-            f"- **XPASS** `{r.id}`: passes although marked xfail ({md_cell(r.xfail)}); "
-            "the marker is stale, remove it"
-            for r in stale
-        ]
-        lines.append("")
-    lines += [
+    return lines
+
+
+def route_groups(results: Sequence[RowResult]) -> dict[str, list[RowResult]]:
+    """Rows by route, in ``ROUTES`` order (routes with no row left out)."""
+    groups: dict[str, list[RowResult]] = {route: [] for _, route in ROUTES}
+    groups[OTHER_ROUTE] = []
+    for r in results:
+        groups[row_route(r.tags)].append(r)
+    return {route: rows for route, rows in groups.items() if rows}
+
+
+def _routes(run: EvalRun) -> list[str]:
+    lines = [
+        "## Per route",
+        "",
+        "A row's route is the first of its tags in "
+        + ", ".join(f"`{tag}`" for tag, _ in ROUTES)
+        + f" (else {OTHER_ROUTE}). Pass rate = fully passed / the route's rows; latency over "
+        "every row with one, errors included.",
+        "",
+        "| route | rows | fully passed | pass rate | PARTIAL | FAIL | ERROR | XFAIL | p50 | p95 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for route, rows in route_groups(run.results).items():
+        part = EvalRun(
+            run.base_url, run.dataset, run.model, None, run.started_at, run.finished_at, rows
+        )
+        c = part.counts
+        lines.append(
+            f"| {route} | {part.total} | {part.fully_passed} | {fmt_rate(part.pass_rate)} "
+            f"| {c[Status.PARTIAL]} | {c[Status.FAIL]} | {c[Status.ERROR]} | {c[Status.XFAIL]} "
+            f"| {fmt_ms(part.p50_ms)} | {fmt_ms(part.p95_ms)} |"
+        )
+    return [*lines, ""]
+
+
+def _rows(run: EvalRun) -> list[str]:
+    lines = [
         "## Rows",
         "",
         "| id | status | latency | tokens in/out | cost | decision | tags |",
@@ -206,26 +315,40 @@ def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
             f"| {fmt_usd(r.cost_usd) if r.answer is not None else '-'} | {r.decision or '-'} "
             f"| {md_cell(', '.join(r.tags))} |"
         )
-    lines.append("")
-    flagged = [r for r in run.results if r.status in (Status.FAIL, Status.ERROR, Status.XPASS)]
-    if flagged:
-        lines += ["## Failures and XPASS", ""]
-        for r in flagged:
-            lines += _row_details(r)
+    return [*lines, ""]
+
+
+def _partial(run: EvalRun) -> list[str]:
+    partial = [r for r in run.results if r.status is Status.PARTIAL]
+    if not partial:
+        return []
+    lines = ["## Partially checked (PARTIAL)", ""]
+    for r in partial:
+        names = ", ".join(a.name for a in r.skipped_assertions)
+        held = len(r.assertions) - len(r.skipped_assertions)
+        lines.append(f"- `{r.id}`: {held} checked and held; not checked: {names}")
+    return [*lines, ""]
+
+
+def _xfailed(run: EvalRun) -> list[str]:
     expected = [r for r in run.results if r.status is Status.XFAIL]
-    if expected:
-        lines += ["## Expected failures (XFAIL)", ""]
-        for r in expected:
-            failed = ", ".join(a.name for a in r.failed_assertions) or "-"
-            lines.append(f"- `{r.id}`: {md_cell(r.xfail)} (failed: {failed})")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    if not expected:
+        return []
+    lines = ["## Expected failures (XFAIL)", ""]
+    for r in expected:
+        failed = ", ".join(a.name for a in r.failed_assertions) or "-"
+        models = ", ".join(r.xfail_models)
+        lines.append(
+            f"- `{r.id}` (xfail for {md_cell(models)}): {md_cell(r.xfail)} (failed: {failed})"
+        )
+    return [*lines, ""]
 
 
 def _row_details(r: RowResult) -> list[str]:
     lines = [f"### `{r.id}`: {r.status.value}", "", f"Question: {md_cell(r.question)}", ""]
     if r.xfail:
-        lines += [f"xfail reason: {md_cell(r.xfail)}", ""]
+        models = ", ".join(r.xfail_models)
+        lines += [f"xfail for {md_cell(models)}: {md_cell(r.xfail)}", ""]
     if r.error:
         lines += [f"- **error**: {md_cell(r.error)}"]
     for a in r.failed_assertions:
@@ -256,6 +379,7 @@ def write_markdown(run: EvalRun, path: Path, *, strict: bool | None = None) -> P
 
 _STYLES = {
     Status.PASS: "green",
+    Status.PARTIAL: "cyan",
     Status.FAIL: "bold red",
     Status.ERROR: "bold red",
     Status.XFAIL: "yellow",
@@ -291,7 +415,7 @@ def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None)
     counts = run.counts
     parts = [f"{counts[s]} {s.value}" for s in Status if counts[s]]
     console.print(
-        f"{run.total} rows: {', '.join(parts)}; pass rate {fmt_rate(run.pass_rate)}; "
+        f"{run.total} rows: {', '.join(parts)}; pass rate {pass_rate_rule(run)}; "
         f"p50 {fmt_ms(run.p50_ms)}, p95 {fmt_ms(run.p95_ms)}; "
         f"tokens {run.input_tokens:,}/{run.output_tokens:,}; cost {fmt_usd(run.cost_usd)}"
     )
@@ -309,4 +433,4 @@ def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None)
                 f"the marker is stale: {effect}[/bold magenta]"
             )
     for warning in run.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        loud_warning(console, warning)

@@ -3,10 +3,15 @@
 Each row is one ``POST {base_url}/ask`` with an eval token minted for the row's ``as``
 (HS256, ``EVAL_JWT_SECRET``), at most ``concurrency`` at a time. Row status:
 
-* ``PASS``  every graded expectation held;  ``FAIL`` one did not;
-* ``XFAIL`` an ``xfail`` row failed as predicted (fine);
-* ``XPASS`` an ``xfail`` row passed: its marker is stale (fails the run only with --strict);
-* ``ERROR`` no answer to score (transport failure, timeout, an error envelope).
+* ``PASS``    every expectation the row declares was checked and held;
+* ``PARTIAL`` every checked expectation held, but some could not be checked (a judge-graded
+  ``rubric`` without a judge): not a pass, not a failure, counted apart;
+* ``FAIL``    a checked expectation did not hold;
+* ``XFAIL``   one did not, on a row whose ``xfail`` marker names the model under eval;
+* ``XPASS``   such a row passed, fully checked: its marker is stale (fails only with --strict);
+* ``ERROR``   nothing to score: transport failure, timeout, an error envelope, or an answer
+  that came with an error status (a 504). Never hidden by an ``xfail`` marker: a timeout
+  says nothing about the model's behaviour.
 
 Exit codes (``exit_code``): 0 every non-xfail row passed, 1 otherwise; usage, config and
 dataset problems raise ``EvalConfigError``/``DatasetError`` (the CLI's exit 2).
@@ -35,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from agent.answer import AgentAnswer
 from evals.assertions import AssertionResult, score_row
-from evals.dataset import Case, Dataset, Identity
+from evals.dataset import Case, Dataset, Identity, Row, XFail
 from evals.judge import Judge, JudgeOutcome, JudgeStats, Verdict, same_family
 from foundation.eval_tokens import mint_eval_token
 from foundation.settings import Settings
@@ -52,6 +57,7 @@ class EvalConfigError(RuntimeError):
 
 class Status(StrEnum):
     PASS = "PASS"
+    PARTIAL = "PARTIAL"
     FAIL = "FAIL"
     XFAIL = "XFAIL"
     XPASS = "XPASS"
@@ -65,7 +71,8 @@ class RowResult:
     question: str
     status: Status
     assertions: list[AssertionResult] = field(default_factory=list)
-    xfail: str | None = None
+    xfail: str | None = None  # the reason, only when the marker applies to this row's model
+    xfail_models: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     latency_ms: float | None = None
     http_status: int | None = None
@@ -110,6 +117,13 @@ class EvalRun:
     judge: JudgeStats | None = None
     warnings: list[str] = field(default_factory=list)
     strict: bool = False
+    rescored_from: str | None = None  # saved answers scored again: not a fresh run
+
+    @property
+    def fully_passed(self) -> int:
+        """Rows whose every declared expectation was checked and held (PASS and XPASS)."""
+        counts = self.counts
+        return counts[Status.PASS] + counts[Status.XPASS]
 
     @property
     def counts(self) -> dict[Status, int]:
@@ -122,9 +136,9 @@ class EvalRun:
 
     @property
     def pass_rate(self) -> float:
-        """Rows whose expectations all held (PASS and XPASS) over all rows."""
-        counts = self.counts
-        return (counts[Status.PASS] + counts[Status.XPASS]) / self.total if self.total else 0.0
+        """Fully passed rows over all rows: ERROR, XFAIL and PARTIAL rows are in the
+        denominator, never in the numerator."""
+        return self.fully_passed / self.total if self.total else 0.0
 
     @property
     def answer_models(self) -> list[str]:
@@ -237,20 +251,44 @@ def _row_cost(answer: AgentAnswer) -> float | None:
     return answer.cost.estimated_usd
 
 
-def _xfail_errors(case: Case, result: RowResult) -> RowResult:
-    """An ``xfail`` row that could not be scored (a timeout, an error envelope) failed as
-    predicted too: XFAIL, like pytest's xfail catching an exception. The error stays the
-    evidence in the report."""
-    if result.status is Status.ERROR and case.row.xfail is not None:
-        result.status = Status.XFAIL
+def row_status(assertions: Sequence[AssertionResult], xfail: XFail | None) -> Status:
+    """A failure is proven by one failed check; a pass needs every check to have run."""
+    if any(a.failed for a in assertions):
+        return Status.XFAIL if xfail is not None else Status.FAIL
+    if any(a.skipped for a in assertions):
+        return Status.PARTIAL
+    return Status.XPASS if xfail is not None else Status.PASS
+
+
+def answer_error(row: Row, http_status: int, answer: AgentAnswer) -> str | None:
+    """Why a full answer is not scored: it came with an error status (the service's 504
+    timeout, a provider's 502/503) on a row that does not expect ``provider_error``."""
+    if http_status < 400 or row.decision == "provider_error":
+        return None
+    detail = f"{answer.error.code}: {answer.error.message}" if answer.error else answer.decision
+    return f"HTTP {http_status}: {_clip(detail)}"
+
+
+def score_answer(
+    result: RowResult,
+    case: Case,
+    answer: AgentAnswer,
+    verdicts: Mapping[str, JudgeOutcome] | None,
+    eval_model: str | None,
+) -> RowResult:
+    """Score ``answer`` into ``result``: its status, assertions and applicable xfail. The
+    xfail is matched against the model that answered (else the one asked for)."""
+    row = case.row
+    error = answer_error(row, result.http_status or 200, answer)
+    if error is not None:
+        result.error, result.status = error, Status.ERROR
+        return result
+    xfail = row.xfail_for(answer.model or eval_model)
+    if xfail is not None:
+        result.xfail, result.xfail_models = xfail.reason, list(xfail.models)
+    result.assertions = score_row(row, answer, verdicts)
+    result.status = row_status(result.assertions, xfail)
     return result
-
-
-def _status(case: Case, assertions: list[AssertionResult]) -> Status:
-    failed = any(a.failed for a in assertions)
-    if case.row.xfail is not None:
-        return Status.XFAIL if failed else Status.XPASS
-    return Status.FAIL if failed else Status.PASS
 
 
 @dataclass
@@ -260,6 +298,7 @@ class _Runner:
     secret: str
     model: str | None
     judge: Judge | None
+    eval_model: str | None  # the override, else the configured ANSWER_MODEL
     tokens: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = field(default_factory=dict)
 
     def token(self, user: Identity) -> str:
@@ -271,16 +310,12 @@ class _Runner:
         return self.tokens[key]
 
     async def run(self, case: Case) -> RowResult:
-        return _xfail_errors(case, await self._ask(case))
-
-    async def _ask(self, case: Case) -> RowResult:
         row = case.row
         result = RowResult(
             id=row.id,
             file=str(case.file),
             question=row.question,
             status=Status.ERROR,
-            xfail=row.xfail,
             tags=list(row.tags),
         )
         body: dict[str, Any] = {"question": row.question}
@@ -316,9 +351,7 @@ class _Runner:
             verdicts = await self.judge.grade_row(row, answer.answer)
         if verdicts is not None:
             result.verdicts = {name: outcome_dict(o) for name, o in verdicts.items()}
-        result.assertions = score_row(row, answer, verdicts, http_status=resp.status_code)
-        result.status = _status(case, result.assertions)
-        return result
+        return score_answer(result, case, answer, verdicts, self.eval_model)
 
 
 def outcome_dict(outcome: JudgeOutcome) -> dict[str, Any]:
@@ -341,7 +374,7 @@ def outcome_from_dict(data: Mapping[str, Any]) -> JudgeOutcome:
     )
 
 
-def rescore(dataset: Dataset, saved: EvalRun) -> EvalRun:
+def rescore(dataset: Dataset, saved: EvalRun, source: str = "saved answers") -> EvalRun:
     """Score a previous run's saved responses against ``dataset`` (e.g. after adding xfail
     markers or fixing an expectation) without asking the service again. Rows missing from
     the saved run are ERRORs; judge verdicts are reused as they were given."""
@@ -355,14 +388,13 @@ def rescore(dataset: Dataset, saved: EvalRun) -> EvalRun:
             file=str(case.file),
             question=row.question,
             status=Status.ERROR,
-            xfail=row.xfail,
             tags=list(row.tags),
         )
         if old is None or old.response is None:
             result.error = old.error if old is not None else "not in the saved run"
             result.latency_ms = old.latency_ms if old is not None else None
             result.http_status = old.http_status if old is not None else None
-            results.append(_xfail_errors(case, result) if old is not None else result)
+            results.append(result)
             continue
         answer = AgentAnswer.model_validate(old.response)
         verdicts = (
@@ -384,10 +416,8 @@ def rescore(dataset: Dataset, saved: EvalRun) -> EvalRun:
             "cost_usd",
         ):
             setattr(result, key, getattr(old, key))
-        result.assertions = score_row(row, answer, verdicts, http_status=old.http_status or 200)
-        result.status = _status(case, result.assertions)
-        results.append(result)
-    return dataclasses.replace(saved, results=results)
+        results.append(score_answer(result, case, answer, verdicts, saved.model))
+    return dataclasses.replace(saved, results=results, rescored_from=source)
 
 
 def write_responses(run: EvalRun, path: Path) -> Path:
@@ -400,6 +430,7 @@ def write_responses(run: EvalRun, path: Path) -> Path:
         "judge_model": run.judge_model,
         "started_at": run.started_at.isoformat(),
         "finished_at": run.finished_at.isoformat(),
+        "rescored_from": run.rescored_from,
     }
     lines = [json.dumps({"run": header})]
     for r in run.results:
@@ -460,7 +491,13 @@ def read_responses(path: Path) -> EvalRun:
         started_at=datetime.fromisoformat(head["started_at"]),
         finished_at=datetime.fromisoformat(head["finished_at"]),
         results=results,
+        rescored_from=head.get("rescored_from"),
     )
+
+
+def loud_warning(console: Console, text: str) -> None:
+    """A warning no one scrolls past: a biased judge makes every judged grade suspect."""
+    console.print(f"[bold red]WARNING: {text}[/bold red]", highlight=False)
 
 
 def _progress(console: Console, enabled: bool) -> Progress:
@@ -489,12 +526,14 @@ async def run_eval(
     console: Console | None = None,
     timeout_seconds: float | None = None,
     check_ready: bool = True,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> EvalRun:
     """Ask every row of ``dataset`` and score it (see the module docstring).
 
     ``model`` is the per-request answer-model override (it needs MODEL_OVERRIDE_MIN_ROLE on
-    the server). ``judge`` grades ``declined``/``rubric``; without one those expectations are
-    reported as skipped. Raises ``EvalConfigError`` before or instead of a meaningless run."""
+    the server). ``judge`` grades ``rubric`` (and ``declined`` on top of its deterministic
+    check); without one a ``rubric`` is reported as not checked and its row as PARTIAL.
+    Raises ``EvalConfigError`` before or instead of a meaningless run."""
     if concurrency < 1:
         raise EvalConfigError("--concurrency must be at least 1")
     secret = eval_secret(settings)
@@ -504,14 +543,15 @@ async def run_eval(
     configured = model or settings.answer_model
     early = same_family(judge.model, [configured]) if judge is not None else None
     if early:
-        console.print(f"[yellow]warning:[/yellow] {early}")
+        loud_warning(console, early)
     timeout = httpx.Timeout(timeout_seconds or settings.ask_timeout_seconds + 15, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     started_at = datetime.now(UTC)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    # ``transport``: tests hand in an ``httpx.MockTransport`` (no sockets)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
         if check_ready:
             await check_service(client, base_url)
-        runner = _Runner(base_url, client, secret, model, judge)
+        runner = _Runner(base_url, client, secret, model, judge, configured)
         semaphore = asyncio.Semaphore(concurrency)
         tally: Counter[Status] = Counter()
         with _progress(console, progress) as bar:
@@ -560,5 +600,5 @@ async def run_eval(
             if clash and clash not in warnings:
                 warnings.append(clash)
                 if clash != early:
-                    console.print(f"[yellow]warning:[/yellow] {clash}")
+                    loud_warning(console, clash)
     return run

@@ -116,17 +116,20 @@ def comparison_markdown(runs: Sequence[EvalRun]) -> str:
         f"# Model sweep: {runs[0].dataset if runs else ''}",
         "",
         f"Base URL `{runs[0].base_url if runs else ''}`; judge "
-        f"{(runs[0].judge_model if runs else None) or 'none'}. Pass rate = (PASS + XPASS) / rows.",
+        f"{(runs[0].judge_model if runs else None) or 'none'}. Pass rate = fully passed "
+        "(PASS + XPASS: every declared expectation checked and held) / all rows; PARTIAL rows "
+        "(some expectation not checked) are not passes.",
         "",
-        "| model | pass rate | PASS | FAIL | ERROR | XFAIL | XPASS | p50 | p95 "
+        "| model | pass rate | PASS | PARTIAL | FAIL | ERROR | XFAIL | XPASS | p50 | p95 "
         "| tokens in | tokens out | cost |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         c = run.counts
         lines.append(
             f"| {md_cell(run.label)} | {fmt_rate(run.pass_rate)} | {c[Status.PASS]} "
-            f"| {c[Status.FAIL]} | {c[Status.ERROR]} | {c[Status.XFAIL]} | {c[Status.XPASS]} "
+            f"| {c[Status.PARTIAL]} | {c[Status.FAIL]} | {c[Status.ERROR]} "
+            f"| {c[Status.XFAIL]} | {c[Status.XPASS]} "
             f"| {fmt_ms(run.p50_ms)} | {fmt_ms(run.p95_ms)} | {run.input_tokens:,} "
             f"| {run.output_tokens:,} | {fmt_usd(run.cost_usd)} |"
         )

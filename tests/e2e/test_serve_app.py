@@ -358,11 +358,11 @@ rows:
   - id: idk-dark-mode
     question: "Is there a dark mode? (eval)"
     idk: true
-    xfail: "the scripted model guesses instead of saying it does not know"
+    xfail: {models: ["*scripted"], reason: "the scripted model guesses instead of saying IDK"}
   - id: fixed-gap
     question: "Which city is Harbor Warehouse in? (eval)"
     tools_called: {any: [get_building]}
-    xfail: "was a gap; the marker is stale now"
+    xfail: {models: ["*scripted"], reason: "was a gap; the marker is stale now"}
 """
 
 

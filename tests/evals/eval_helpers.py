@@ -1,10 +1,12 @@
-"""Shared helpers for the evals tests: canned ``/ask`` answers, a tiny real-HTTP fake of the
-service (FastAPI on 127.0.0.1, verifying the eval token like the real ingress), and a
-dataset writer."""
+"""Shared helpers for the evals tests: canned ``/ask`` answers, a fake of the service
+(verifying the eval token like the real ingress) served either in-process through an
+``httpx.MockTransport`` (no sockets) or as a tiny real-HTTP app on 127.0.0.1, and a dataset
+writer."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -89,6 +92,26 @@ def create_fake_app(service: FakeService) -> FastAPI:
         return JSONResponse(body, status_code=status)
 
     return app
+
+
+def mock_transport(service: FakeService) -> httpx.MockTransport:
+    """The same fake as ``create_fake_app``, in-process: ``run_eval(..., transport=...)``."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/readyz"):
+            return httpx.Response(200 if service.ready else 503, json={"checks": []})
+        _scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        try:
+            user = verify_eval_token(token, SECRET)
+        except AuthenticationError as exc:
+            body = {"error": {"code": "unauthenticated", "message": exc.message}}
+            return httpx.Response(401, json=body)
+        payload = json.loads(request.content)
+        service.asked.append({**payload, "sub": user.sub})
+        status, body = service.replies.get(payload["question"], (500, {"error": {}}))
+        return httpx.Response(status, json=body)
+
+    return httpx.MockTransport(handle)
 
 
 @contextmanager

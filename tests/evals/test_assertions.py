@@ -9,6 +9,7 @@ import pytest
 from evals.assertions import (
     check_cited_sources,
     check_decision,
+    check_declined,
     check_forbidden,
     check_idk,
     check_judged,
@@ -194,19 +195,35 @@ def test_score_row_runs_every_expectation_in_order() -> None:
         ("forbidden", True, False),
         ("idk", True, False),
         ("decision", True, False),
-        ("declined", False, True),
+        ("declined", True, False),  # checked from the decision, no judge needed
         ("rubric", False, True),
     ]
 
 
-def test_an_error_status_fails_unless_provider_error_is_expected() -> None:
-    failed = answer("", decision="provider_error")
-    (status, decision) = score_row(row(decision="answered"), failed, http_status=503)
-    assert (status.name, status.passed, status.evidence) == (
-        "http_status",
-        False,
-        "HTTP 503 (the run ended in an error)",
+def test_declined_is_checked_from_the_decision_and_the_tool_calls() -> None:
+    declined = answer("I can only help with CrowdVision.", decision="declined_out_of_scope")
+    held = check_declined(True, declined)
+    assert held.passed and not held.skipped
+    assert held.evidence == (
+        "decision=declined_out_of_scope; tools called: []; expected declined_out_of_scope and "
+        "no tool"
     )
-    assert not decision.passed
-    (only,) = score_row(row(decision="provider_error"), failed, http_status=503)
-    assert only.name == "decision" and only.passed
+    searched = declined.model_copy(update={"tool_calls": TRACE.tool_calls})
+    assert check_declined(True, searched).failed  # declined only after calling tools
+    assert check_declined(True, answer("391", decision="answered")).failed
+    assert check_declined(False, answer("Hi!", decision="answered")).passed
+    assert check_declined(False, answer("Hi!", decision="idk")).passed
+    assert check_declined(False, declined).failed
+
+
+def test_a_judge_verdict_on_declined_is_one_more_check() -> None:
+    declined = answer("I can only help with CrowdVision.", decision="declined_out_of_scope")
+    verdict = JudgeOutcome(Verdict.model_validate({"pass": False, "score": 0, "reason": "Wrote"}))
+    results = score_row(row(declined=True), declined, {"declined": verdict})
+    assert [(a.name, a.passed) for a in results] == [
+        ("declined", True),
+        ("declined.judge", False),
+    ]
+    # without a verdict the deterministic check alone covers it: nothing left unchecked
+    (alone,) = score_row(row(declined=True), declined, None)
+    assert alone.name == "declined" and not alone.skipped

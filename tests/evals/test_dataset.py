@@ -32,7 +32,7 @@ rows:
     as: {sub: nina, roles: [admin], domains: []}
     declined: true
     rubric: "It declines politely."
-    xfail: "  the small model writes the poem  "
+    xfail: {models: [qwen2.5-coder-0.5b-instruct, "local/tiny-*"], reason: "  writes it  "}
   - id: no-as
     question: "Hello"
     tools_called: {none: true}
@@ -57,7 +57,7 @@ def test_a_valid_file_loads_with_identities_resolved(tmp_path: Path) -> None:
     )
     assert poem.user.sub == "nina" and poem.user.roles == ["admin"]
     assert plain.user.sub == "eval-user"  # defaults.as
-    assert poem.row.xfail == "the small model writes the poem"
+    assert poem.row.xfail is not None and poem.row.xfail.reason == "writes it"
     assert poem.row.judged == ["declined", "rubric"] and first.row.judged == []
     assert first.index == 1 and first.file.name == "golden.yaml"
     assert dataset.description == "tiny"
@@ -102,9 +102,8 @@ def test_unknown_top_level_and_defaults_keys(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("value", ["true", '""', "null", "'   '"])
-def test_xfail_needs_a_reason(tmp_path: Path, value: str) -> None:
-    text = f"""
+def _xfail_row(value: str) -> str:
+    return f"""
     version: 1
     rows:
       - {{id: ok, question: q, idk: true}}
@@ -113,10 +112,51 @@ def test_xfail_needs_a_reason(tmp_path: Path, value: str) -> None:
         idk: true
         xfail: {value}
     """
-    assert problems(tmp_path, text) == [
-        "F: row 2 (id 'x'): xfail: a reason is required "
-        '(xfail: "why this row is expected to fail")'
+
+
+@pytest.mark.parametrize("value", ['"the model guesses"', "true", "null", "[m]"])
+def test_an_unscoped_xfail_is_refused_saying_the_form(tmp_path: Path, value: str) -> None:
+    # a bare reason used to hide the row for every model
+    assert problems(tmp_path, _xfail_row(value)) == [
+        "F: row 2 (id 'x'): xfail: give the models it is about and a reason "
+        '(xfail: {models: [MODEL_ID_OR_GLOB], reason: "why it fails for them"})'
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "message"),
+    [
+        ("{models: [m]}", "xfail.reason", "required"),
+        ('{models: [m], reason: "  "}', "xfail.reason", "String should have at least 1"),
+        ('{reason: "r"}', "xfail.models", "required"),
+        ('{models: [], reason: "r"}', "xfail.models", "List should have at least 1 item"),
+        ("{models: [m], reason: r, why: w}", "xfail.why", "unknown key"),
+    ],
+)
+def test_a_scoped_xfail_needs_models_and_a_reason(
+    tmp_path: Path, value: str, field: str, message: str
+) -> None:
+    (problem,) = problems(tmp_path, _xfail_row(value))
+    assert problem.startswith(f"F: row 2 (id 'x'): {field}: {message}"), problem
+
+
+@pytest.mark.parametrize(
+    ("model", "applies"),
+    [
+        ("qwen2.5-coder-0.5b-instruct", True),  # exact
+        ("Qwen2.5-Coder-0.5B-Instruct", True),  # case-insensitive
+        ("local/tiny-7", True),  # glob
+        ("qwen2.5-coder-1.5b-instruct", False),  # a sibling model is not hidden
+        ("openai/gpt-4o-mini", False),  # nor a real provider
+        ("qwen2.5-coder-0.5b-instruct-q4", False),  # an exact id is not a prefix
+        (None, False),
+    ],
+)
+def test_an_xfail_applies_only_to_the_models_it_names(
+    tmp_path: Path, model: str | None, applies: bool
+) -> None:
+    poem = load_dataset(write_dataset(tmp_path, GOOD)).cases[1].row
+    assert (poem.xfail_for(model) is not None) is applies
 
 
 def test_duplicate_ids(tmp_path: Path) -> None:
@@ -166,7 +206,7 @@ def test_a_row_without_expectations(tmp_path: Path) -> None:
     text = """
     version: 1
     rows:
-      - {id: lonely, question: q, tags: [x], xfail: "no reason to run"}
+      - {id: lonely, question: q, tags: [x], xfail: {models: [m], reason: none to run}}
     """
     (problem,) = problems(tmp_path, text)
     assert problem.startswith("F: row 1 (id 'lonely'): a row needs at least one expectation")
@@ -217,4 +257,6 @@ def test_the_golden_dataset_if_present_is_valid() -> None:
         pytest.skip("the golden dataset is not written yet")
     dataset = load_dataset(path)
     assert len(dataset.cases) >= 40
-    assert all(case.row.xfail is None or case.row.xfail.strip() for case in dataset.cases)
+    marked = [case.row.xfail for case in dataset.cases if case.row.xfail is not None]
+    # every marker names the model(s) it is about; none hides a row for every model
+    assert marked and all(m.models and "*" not in m.models for m in marked)

@@ -23,7 +23,7 @@ rows:
   - id: gap
     question: "How busy is the lobby?"
     tools_called: {all: [get_room_occupancy]}
-    xfail: "the model does not call the tool yet"
+    xfail: {models: [local/scripted], reason: "the model does not call the tool yet"}
     tags: [live]
   - id: poem
     question: "Write a poem"
@@ -37,7 +37,10 @@ def service() -> FakeService:
     svc = FakeService()
     svc.reply("What is CV-E1033?", answer("A sensor went offline."))
     svc.reply("How busy is the lobby?", answer("Busy, I think."))
-    svc.reply("Write a poem", answer("I can only help with CrowdVision."))
+    svc.reply(
+        "Write a poem",
+        answer("I can only help with CrowdVision.", decision="declined_out_of_scope"),
+    )
     return svc
 
 
@@ -65,7 +68,7 @@ def test_all_pass_with_xfail_exits_0_and_writes_reports(url: str, tmp_path: Path
     assert len(root.findall("testsuite/testcase")) == 3
     assert len(root.findall("testsuite/testcase/skipped")) == 1
     report = (tmp_path / "r" / "report.md").read_text()
-    assert "- `gap`: the model does not call the tool yet" in report
+    assert "- `gap` (xfail for local/scripted): the model does not call the tool yet" in report
     assert "- Judge model: none" in report
 
 
@@ -142,7 +145,7 @@ def test_a_bad_dataset_exits_2_naming_file_row_and_field(
     code, _ = run([str(bad), "--base-url", url, "--out-dir", str(tmp_path)])
     assert code == EXIT_USAGE
     err = capsys.readouterr().err
-    assert f"{bad}: row 1 (id 'a'): xfail: a reason is required" in err
+    assert f"{bad}: row 1 (id 'a'): xfail: give the models it is about and a reason" in err
     missing = tmp_path / "missing.yaml"
     assert run([str(missing), "--base-url", url])[0] == EXIT_USAGE
     assert f"{missing}: no such file" in capsys.readouterr().err

@@ -17,14 +17,15 @@ START = datetime(2025, 3, 4, 10, 30, tzinfo=UTC)
 def sample_run(strict: bool = False) -> EvalRun:
     ok = AssertionResult("decision", True, "decision=answered; expected answered")
     bad = AssertionResult("keywords.all", False, "answer lacks [10 minutes]")
-    skipped = AssertionResult("rubric", False, "not graded: judge disabled (--no-judge)", True)
+    skipped = AssertionResult("rubric", False, "not checked: no judge configured", True)
     rows = [
         RowResult(
             "doc-ok",
             "evals/datasets/golden.yaml",
             "Q1?",
-            Status.PASS,
+            Status.PARTIAL,
             [ok, skipped],
+            tags=["doc"],
             latency_ms=1200,
             http_status=200,
             answer="Fine.",
@@ -40,6 +41,7 @@ def sample_run(strict: bool = False) -> EvalRun:
             "Q2 | pipes?",
             Status.FAIL,
             [ok, bad],
+            tags=["doc", "permission"],
             latency_ms=2400,
             http_status=200,
             answer="It is \x07fifteen | minutes " + "long " * 200,
@@ -56,6 +58,8 @@ def sample_run(strict: bool = False) -> EvalRun:
             Status.XFAIL,
             [bad],
             xfail="known gap",
+            xfail_models=["qwen2.5-coder-0.5b-instruct"],
+            tags=["off-topic"],
             latency_ms=800,
             answer="Nope.",
             decision="answered",
@@ -67,6 +71,8 @@ def sample_run(strict: bool = False) -> EvalRun:
             Status.XPASS,
             [ok],
             xfail="was broken",
+            xfail_models=["local/*"],
+            tags=["off-topic"],
             latency_ms=900,
             answer="Yes.",
             decision="answered",
@@ -79,6 +85,7 @@ def sample_run(strict: bool = False) -> EvalRun:
             error="HTTP 500: internal server error",
             latency_ms=15,
             http_status=500,
+            tags=["live-data"],
         ),
     ]
     judge = JudgeStats(
@@ -93,7 +100,7 @@ def sample_run(strict: bool = False) -> EvalRun:
         finished_at=START + timedelta(seconds=12),
         results=rows,
         judge=judge,
-        warnings=["the judge model x is of the same family"],
+        warnings=["judge is the same family as the answered model: grades are biased (x)"],
         strict=strict,
     )
 
@@ -112,7 +119,7 @@ def test_junit_is_valid_xml_with_the_right_counts(tmp_path: Path) -> None:
         "5",
         "1",
         "1",
-        "1",
+        "2",  # XFAIL and PARTIAL: neither is a pass
     )
     cases = {case.get("name"): case for case in suite.findall("testcase")}
     assert list(cases) == ["doc-ok", "doc-bad", "gap", "fixed", "boom"]
@@ -127,8 +134,11 @@ def test_junit_is_valid_xml_with_the_right_counts(tmp_path: Path) -> None:
     assert cases["fixed"].find("failure") is None
     props = {p.get("name"): p.get("value") for p in cases["fixed"].iter("property")}
     assert props["status"] == "XPASS" and "stale xfail marker" in (props["xpass"] or "")
-    not_graded = {p.get("name"): p.get("value") for p in cases["doc-ok"].iter("property")}
-    assert not_graded["not_graded"] == "rubric"
+    partial = {p.get("name"): p.get("value") for p in cases["doc-ok"].iter("property")}
+    assert (partial["status"], partial["not_checked"]) == ("PARTIAL", "rubric")
+    skipped = cases["doc-ok"].find("skipped")
+    assert skipped is not None
+    assert skipped.get("message") == "partially checked: not checked rubric"
     # the control character in the answer did not break the document
     out = cases["doc-bad"].find("system-out")
     assert out is not None and "\ufffdfifteen" in (out.text or "")
@@ -149,14 +159,19 @@ def test_markdown_report(tmp_path: Path) -> None:
     assert "- Date: 2025-03-04 10:30:00 UTC (12.0 s)" in text
     assert "- Base URL: `http://127.0.0.1:8000`" in text
     assert "- Judge model: google/gemini-2.5-flash" in text
-    assert "- Rows: 5; pass rate 40.0% (PASS + XPASS over all rows)" in text
-    assert "| 1 | 1 | 1 | 1 | 1 | 40.0% |" in text
+    assert (
+        "- Rows: 5; pass rate 20.0% = 1 fully passed (PASS + XPASS: every declared expectation "
+        "checked and held) / all 5 rows (FAIL, ERROR, XFAIL and PARTIAL rows count in the "
+        "denominator only)"
+    ) in text
+    assert "- Partially checked (PARTIAL, not passes): 1 rows" in text
+    assert "| 0 | 1 | 1 | 1 | 1 | 1 | 20.0% |" in text
     assert "Judge: 3 calls, 600/60 tokens, cost $0.000400, 0 without a usable verdict." in text
-    assert "- **XPASS** `fixed`: passes although marked xfail (was broken)" in text
-    assert "| `doc-ok` | PASS | 1,200 ms | 900/40 | $0.000200 | answered |  |" in text
-    assert "| `doc-bad` | **FAIL** | 2,400 ms | 800/30 | $0.000100 | answered |  |" in text
-    assert "| `boom` | **ERROR** | 15 ms | - | - | - |  |" in text
-    details = text.split("## Failures and XPASS", 1)[1]
+    assert "- **XPASS** `fixed`: passes although marked xfail for local/* (was broken)" in text
+    assert "| `doc-ok` | PARTIAL | 1,200 ms | 900/40 | $0.000200 | answered | doc |" in text
+    assert "| `doc-bad` | **FAIL** | 2,400 ms | 800/30 | $0.000100 | answered | doc, permis" in text
+    assert "| `boom` | **ERROR** | 15 ms | - | - | - | live-data |" in text
+    details = text.split("## Failures, errors and XPASS", 1)[1].split("## Partially", 1)[0]
     assert "### `doc-bad`: FAIL" in details
     assert "Question: Q2 \\| pipes?" in details
     assert "- **keywords.all**: answer lacks [10 minutes]" in details
@@ -164,4 +179,32 @@ def test_markdown_report(tmp_path: Path) -> None:
     assert "### `fixed`: XPASS" in details and "remove the xfail marker" in details
     assert "### `boom`: ERROR" in details and "- **error**: HTTP 500" in details
     assert "### `doc-ok`" not in details
-    assert "- `gap`: known gap (failed: keywords.all)" in text
+    assert (
+        "- `gap` (xfail for qwen2.5-coder-0.5b-instruct): known gap (failed: keywords.all)"
+    ) in text
+    assert "- `doc-ok`: 1 checked and held; not checked: rubric" in text
+
+
+def test_the_report_leads_with_a_biased_judge_warning(tmp_path: Path) -> None:
+    text = write_markdown(sample_run(), tmp_path / "report.md").read_text()
+    warning = "> **WARNING: judge is the same family as the answered model: grades are biased"
+    assert warning in text
+    assert text.index(warning) < text.index("## Rows")
+
+
+def test_per_route_pass_rates_and_latency(tmp_path: Path) -> None:
+    text = write_markdown(sample_run(), tmp_path / "report.md").read_text()
+    routes = text.split("## Per route", 1)[1].split("## Rows", 1)[0]
+    # one route per row (the first matching tag): the routes add up to the 5 rows
+    assert "| off-topic / scope | 2 | 1 | 50.0% | 0 | 0 | 0 | 1 | 800 ms | 900 ms |" in routes
+    assert "| permission | 1 | 0 | 0.0% | 0 | 1 | 0 | 0 | 2,400 ms | 2,400 ms |" in routes
+    assert "| live data, one tool | 1 | 0 | 0.0% | 0 | 0 | 1 | 0 | 15 ms | 15 ms |" in routes
+    assert "| documentation | 1 | 0 | 0.0% | 1 | 0 | 0 | 0 | 1,200 ms | 1,200 ms |" in routes
+
+
+def test_a_rescored_run_says_it_is_not_a_fresh_run(tmp_path: Path) -> None:
+    import dataclasses
+
+    run = dataclasses.replace(sample_run(), rescored_from="old/responses.jsonl")
+    text = write_markdown(run, tmp_path / "report.md").read_text()
+    assert "**Re-scored** from saved answers (old/responses.jsonl), not a fresh run" in text

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from agent.answer import AgentAnswer
 from evals.dataset import Dataset, load_dataset
 from evals.runner import EvalConfigError, EvalRun, Status, exit_code, run_eval
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
@@ -20,6 +21,7 @@ from tests.evals.eval_helpers import (
     call,
     citation,
     fake_service,
+    mock_transport,
     settings,
     write_dataset,
 )
@@ -38,7 +40,7 @@ rows:
     question: "Which room is busiest right now?"
     as: {sub: nina, roles: [business_admin], domains: [northwind]}
     tools_called: {any: [get_room_occupancy]}
-    xfail: "the model guesses instead of calling the occupancy tool"
+    xfail: {models: [local/scripted], reason: "the model guesses instead of calling the tool"}
 """
 
 
@@ -160,7 +162,7 @@ async def test_an_error_envelope_is_an_error_row_not_a_crash(
     assert exit_code(result) == 1
 
 
-async def test_an_xfail_row_that_errors_is_xfail_with_the_error_as_evidence(
+async def test_a_504_on_an_xfail_row_is_an_error_not_xfail(
     dataset: Dataset, url: str, service: FakeService, tmp_path: Path
 ) -> None:
     service.reply(
@@ -170,12 +172,13 @@ async def test_an_xfail_row_that_errors_is_xfail_with_the_error_as_evidence(
     )
     result = await run(dataset, url, tmp_path)
     gap = result.results[1]
-    assert (gap.id, gap.status, gap.http_status) == ("known-gap", Status.XFAIL, 504)
+    # a timeout says nothing about the model's behaviour: the marker cannot hide it
+    assert (gap.id, gap.status, gap.http_status) == ("known-gap", Status.ERROR, 504)
     assert gap.error is not None and "no answer within 170 s" in gap.error
-    assert exit_code(result) == 0
+    assert exit_code(result) == 1
 
 
-async def test_a_provider_error_answer_is_scored(
+async def test_a_provider_error_answer_is_scored_only_where_expected(
     tmp_path: Path, url: str, service: FakeService
 ) -> None:
     service.reply(
@@ -192,8 +195,8 @@ async def test_a_provider_error_answer_is_scored(
     assert (await run(rows, url, tmp_path)).results[0].status is Status.PASS
     rows = load_dataset(write_dataset(tmp_path, text + "idk: false}\n"))
     failed = (await run(rows, url, tmp_path)).results[0]
-    assert failed.status is Status.FAIL
-    assert [a.name for a in failed.failed_assertions] == ["http_status"]
+    assert (failed.status, failed.assertions) == (Status.ERROR, [])
+    assert failed.error == "HTTP 503: provider_unavailable: down"
 
 
 async def test_concurrency_is_bounded(tmp_path: Path, url: str, service: FakeService) -> None:
@@ -208,20 +211,20 @@ async def test_concurrency_is_bounded(tmp_path: Path, url: str, service: FakeSer
     assert service.max_in_flight == 3
 
 
-async def test_judged_rows_without_a_judge_are_skipped_not_failed(
+async def test_without_a_judge_a_rubric_row_is_partial_and_declined_is_still_checked(
     tmp_path: Path, url: str, service: FakeService
 ) -> None:
     service.reply("Write a poem", answer("I only help with CrowdVision.", decision="answered"))
-    dataset = load_dataset(
-        write_dataset(
-            tmp_path,
-            "version: 1\nrows:\n  - {id: poem, question: Write a poem, declined: true}\n",
-        )
-    )
-    result = await run(dataset, url, tmp_path)
-    (row,) = result.results
-    assert row.status is Status.PASS
-    assert [a.name for a in row.skipped_assertions] == ["declined"]
+    text = "version: 1\nrows:\n  - {id: poem, question: Write a poem, "
+    rubric = load_dataset(write_dataset(tmp_path, text + "rubric: It declines.}\n"))
+    (row,) = (await run(rubric, url, tmp_path)).results
+    assert row.status is Status.PARTIAL
+    assert [a.name for a in row.skipped_assertions] == ["rubric"]
+    # declined needs no judge: the service said "answered", so the row fails
+    declined = load_dataset(write_dataset(tmp_path, text + "declined: true}\n", "d.yaml"))
+    (row,) = (await run(declined, url, tmp_path)).results
+    assert row.status is Status.FAIL and row.skipped_assertions == []
+    assert row.failed_assertions[0].name == "declined"
 
 
 async def test_with_a_scripted_judge(tmp_path: Path, url: str, service: FakeService) -> None:
@@ -244,11 +247,16 @@ async def test_with_a_scripted_judge(tmp_path: Path, url: str, service: FakeServ
             await judge.aclose()
     (row,) = result.results
     assert row.status is Status.FAIL
-    assert row.failed_assertions[0].evidence == "judge fail (score 0.00): It wrote a poem."
+    assert [a.name for a in row.failed_assertions] == ["declined", "declined.judge"]
+    assert row.failed_assertions[1].evidence == "judge fail (score 0.00): It wrote a poem."
     assert result.judge is not None and result.judge.calls == 1
     assert result.judge_model == "qwen/qwen-2.5-72b-instruct"
     # the answer came from a qwen model: the judge's family matches, and that is said
-    assert any("same family (qwen)" in w for w in result.warnings)
+    (warning,) = result.warnings
+    assert warning.startswith(
+        "judge is the same family as the answered model: grades are biased (judge "
+        "qwen/qwen-2.5-72b-instruct, answer model qwen2.5-coder-1.5b-instruct: both qwen"
+    )
 
 
 async def test_missing_secret_is_a_config_error(dataset: Dataset, url: str, tmp_path: Path) -> None:
@@ -294,8 +302,8 @@ async def test_saved_responses_rescore_against_an_edited_dataset_without_the_ser
     # Mark the passing row xfail and drop the known gap's marker: XPASS and FAIL, no HTTP.
     edited = DATASET.replace(
         'keywords: {all: ["10 minutes"]}',
-        'keywords: {all: ["10 minutes"]}\n    xfail: "now marked"',
-    ).replace('    xfail: "the model guesses instead of calling the occupancy tool"\n', "")
+        'keywords: {all: ["10 minutes"]}\n    xfail: {models: ["local/*"], reason: now}',
+    ).replace(DATASET.splitlines()[-1] + "\n", "")
     rescored = rescore(
         load_dataset(write_dataset(tmp_path, edited, "b.yaml")), read_responses(saved)
     )
@@ -308,3 +316,198 @@ async def test_saved_responses_rescore_against_an_edited_dataset_without_the_ser
     grown = rescore(load_dataset(write_dataset(tmp_path, extra, "c.yaml")), read_responses(saved))
     assert grown.results[-1].status is Status.ERROR
     assert grown.results[-1].error == "not in the saved run"
+
+
+# --- honest scoring, in-process (httpx.MockTransport: no sockets) ---------------------------
+
+SCOPED = """
+version: 1
+rows:
+  - id: gap-of-the-small-one
+    question: "Which room is busiest?"
+    tools_called: {any: [get_room_occupancy]}
+    xfail: {models: [qwen2.5-coder-0.5b-instruct], reason: "the 0.5B guesses"}
+  - id: off-topic
+    question: "Write a poem"
+    tools_called: {none: true}
+    forbidden: ["roses are red"]
+    decision: declined_out_of_scope
+    declined: true
+    tags: [off-topic]
+  - id: graded
+    question: "Summarise the alert docs"
+    keywords: {any: [cooldown]}
+    rubric: "Says the cooldown is 10 minutes."
+    xfail: {models: ["qwen2.5-coder-0.5b-*"], reason: "the 0.5B misses the number"}
+"""
+DECLINE = "I can only help with CrowdVision."
+
+
+def scripted(service: FakeService, model: str, *, poem: str = DECLINE) -> None:
+    decision = "declined_out_of_scope" if poem == DECLINE else "answered"
+    service.reply("Which room is busiest?", answer("The lobby.", model=model))
+    service.reply("Write a poem", answer(poem, decision=decision, model=model))
+    service.reply("Summarise the alert docs", answer("A cooldown applies.", model=model))
+
+
+async def mocked(
+    tmp_path: Path, service: FakeService, text: str = SCOPED, **kwargs: object
+) -> EvalRun:
+    dataset = load_dataset(write_dataset(tmp_path, text, "scoped.yaml"))
+    return await run_eval(
+        dataset,
+        "http://eval.invalid",
+        settings(tmp_path),
+        progress=False,
+        console=kwargs.pop("console", quiet()),  # type: ignore[arg-type]
+        transport=mock_transport(service),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def statuses(run: EvalRun) -> dict[str, Status]:
+    return {r.id: r.status for r in run.results}
+
+
+@pytest.mark.parametrize(
+    ("model", "gap"),
+    [
+        ("qwen2.5-coder-0.5b-instruct", Status.XFAIL),  # the model the marker names
+        ("qwen2.5-coder-1.5b-instruct", Status.FAIL),  # its gap is not hidden for the 1.5B
+        ("openai/gpt-4o-mini", Status.FAIL),  # nor for a real provider
+    ],
+)
+async def test_an_xfail_applies_only_to_the_model_that_answered(
+    tmp_path: Path, model: str, gap: Status
+) -> None:
+    service = FakeService()
+    scripted(service, model)
+    result = await mocked(tmp_path, service)
+    row = result.results[0]
+    assert row.status is gap
+    assert row.xfail == ("the 0.5B guesses" if gap is Status.XFAIL else None)
+    assert exit_code(result) == (0 if gap is Status.XFAIL else 1)
+
+
+async def test_the_requested_model_decides_when_the_answer_names_none(tmp_path: Path) -> None:
+    service = FakeService()
+    scripted(service, "")
+    result = await mocked(tmp_path, service, model="qwen2.5-coder-0.5b-instruct")
+    assert result.results[0].status is Status.XFAIL
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        (504, {"error": {"code": "timeout", "message": "no answer within 170 s"}}),
+        # a full answer that came with a 504 is not scored either
+        (504, answer("", decision="provider_error", model="qwen2.5-coder-0.5b-instruct")),
+    ],
+)
+async def test_an_xfail_never_hides_a_504(
+    tmp_path: Path, reply: tuple[int, AgentAnswer | dict[str, object]]
+) -> None:
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-0.5b-instruct")
+    status, body = reply
+    service.reply("Which room is busiest?", body, status=status)
+    result = await mocked(tmp_path, service)
+    row = result.results[0]
+    assert (row.status, row.http_status, row.xfail) == (Status.ERROR, 504, None)
+    assert row.error is not None and row.error.startswith("HTTP 504: ")
+    assert exit_code(result) == 1
+
+
+async def test_an_xfail_never_hides_a_timeout_or_transport_error(tmp_path: Path) -> None:
+    import httpx
+
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-0.5b-instruct")
+    inner = mock_transport(service)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if b"busiest" in request.content:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return inner.handle_request(request)
+
+    dataset = load_dataset(write_dataset(tmp_path, SCOPED, "scoped.yaml"))
+    result = await run_eval(
+        dataset,
+        "http://eval.invalid",
+        settings(tmp_path),
+        progress=False,
+        console=quiet(),
+        transport=httpx.MockTransport(handle),
+    )
+    row = result.results[0]
+    assert row.status is Status.ERROR
+    assert row.error == "request failed: ReadTimeout: timed out"
+
+
+async def test_partially_checked_rows_are_counted_apart_from_passes(tmp_path: Path) -> None:
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-1.5b-instruct")
+    service.reply(
+        "Which room is busiest?",
+        answer("The lobby.", tool_calls=[call("get_room_occupancy", room_id="r")]),
+    )
+    result = await mocked(tmp_path, service)
+    # graded: its keyword held, its rubric had no judge: neither a pass nor a failure
+    assert statuses(result) == {
+        "gap-of-the-small-one": Status.PASS,
+        "off-topic": Status.PASS,
+        "graded": Status.PARTIAL,
+    }
+    assert (result.fully_passed, result.total) == (2, 3)
+    assert result.pass_rate == pytest.approx(2 / 3)
+    assert exit_code(result) == 0
+
+
+async def test_an_xfail_row_is_xpass_only_when_fully_checked(tmp_path: Path) -> None:
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-0.5b-instruct")
+    result = await mocked(tmp_path, service)
+    # the keyword held but the rubric was not checked: no proof the gap is fixed
+    assert result.results[2].status is Status.PARTIAL
+    assert result.counts[Status.XPASS] == 0
+
+
+@pytest.mark.parametrize(
+    ("poem", "tools", "expected", "failed"),
+    [
+        (DECLINE, [], Status.PASS, []),
+        # declined after a search: not the clean decline the prompt asks for
+        (DECLINE, [call("search_docs", query="p")], Status.FAIL, ["tools_called.none", "declined"]),
+        ("Roses are red.", [], Status.FAIL, ["forbidden", "decision", "declined"]),
+    ],
+)
+async def test_off_topic_rows_are_scored_without_a_judge(
+    tmp_path: Path, poem: str, tools: list[dict[str, object]], expected: Status, failed: list[str]
+) -> None:
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-1.5b-instruct", poem=poem)
+    decision = "declined_out_of_scope" if poem == DECLINE else "answered"
+    service.reply("Write a poem", answer(poem, decision=decision, tool_calls=tools))
+    row = (await mocked(tmp_path, service)).results[1]
+    assert row.status is expected
+    assert row.skipped_assertions == []  # fully checked, no judge needed
+    assert [a.name for a in row.failed_assertions] == failed
+
+
+async def test_a_same_family_judge_is_warned_about_loudly(tmp_path: Path) -> None:
+    from agent.testing import ScriptedModel, text_reply
+    from evals.judge import Judge
+
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-1.5b-instruct")
+    verdict = '{"pass": true, "score": 1, "reason": "Declined."}'
+    replies = [text_reply(verdict, model="qwen2.5-coder-0.5b-instruct") for _ in range(2)]
+    judge = Judge(ScriptedModel(*replies), "qwen2.5-coder-0.5b-instruct")
+    out = io.StringIO()
+    result = await mocked(tmp_path, service, judge=judge, console=Console(file=out, width=300))
+    assert "WARNING: judge is the same family as the answered model: grades are biased" in (
+        out.getvalue()
+    )
+    assert result.warnings and result.warnings[0].startswith("judge is the same family")
+    # a local judge grades: the rubric is checked, the row no longer partial
+    assert result.results[2].status is Status.PASS

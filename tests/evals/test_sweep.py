@@ -40,11 +40,15 @@ def fake_run(model: str, statuses: list[Status], cost: float | None, ms: float) 
 def test_comparison_table() -> None:
     runs = [
         fake_run("big", [Status.PASS, Status.PASS, Status.XPASS, Status.FAIL], 0.004, 100),
-        fake_run("small", [Status.PASS, Status.FAIL, Status.XFAIL, Status.ERROR], None, 50),
+        fake_run("small", [Status.PASS, Status.PARTIAL, Status.XFAIL, Status.ERROR], None, 50),
     ]
     text = comparison_markdown(runs)
-    assert "| big | 75.0% | 2 | 1 | 0 | 0 | 1 | 200 ms | 400 ms | 400 | 40 | $0.004000 |" in text
-    assert "| small | 25.0% | 1 | 1 | 1 | 1 | 0 | 100 ms | 200 ms | 400 | 40 | n/a |" in text
+    assert (
+        "| big | 75.0% | 2 | 0 | 1 | 0 | 0 | 1 | 200 ms | 400 ms | 400 | 40 | $0.004000 |" in text
+    )
+    # a partially checked row is not a pass
+    assert "| small | 25.0% | 1 | 1 | 0 | 1 | 1 | 0 | 100 ms | 200 ms | 400 | 40 | n/a |" in text
+    assert "Pass rate = fully passed (PASS + XPASS: every declared expectation checked" in text
 
 
 def test_plots_are_pngs(tmp_path: Path) -> None:
