@@ -32,13 +32,15 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ToolEvent
-from agent.entities import KnownEntities, NamedEntity, match_names, named_entities
+from agent.entities import NamedEntity, match_names, named_entities
+from agent.intents import live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.routing import RouteDecision, RouteSignals, best_coverage, doc_tokens, is_greeting
 from agent.routing import route as decide_route
 from agent.run_state import Run, tool_trace
 from agent.tools.executor import ToolExecutor
 from agent.tools.registry import ToolOutcome
+from agent.tools.twin import MAX_OCCUPANCY_ROOMS
 from retrieval.search import SearchHit
 
 __all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
@@ -113,7 +115,10 @@ class Planner:
         search: ToolOutcome | None = None
         greeting = is_greeting(question)
         if "search_docs" in names and not greeting and (tokens or not (named or entities.ids)):
-            search = await self._execute(run, "search_docs", {"query": question[:500]})
+            # A documented token finds its own section best on its own (keyword search);
+            # the whole sentence buries it under the question's common words.
+            query = " ".join(tokens) if tokens else question
+            search = await self._execute(run, "search_docs", {"query": query[:500]})
         hits = list(search.chunks) if search is not None and search.ok else []
         texts = [hit.text for hit in hits]
         signals = RouteSignals(
@@ -124,10 +129,16 @@ class Planner:
         )
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
-        if decision.wants_live:
+        if decision.wants_live and named:
+            grounded: list[tuple[NamedEntity, list[NamedEntity]]] = []
             for building in named[:MAX_GROUNDED]:
-                async for event in self._ground(run, entities, building):
-                    yield event
+                async for item in self._ground(run, building):
+                    if isinstance(item, list):
+                        grounded.append((building, item))
+                    else:
+                        yield item
+            async for event in self._measure(run, question, grounded):
+                yield event
         if decision.wants_docs and search is not None and hits:
             yield self._show_docs(run, search, question)
         yield Plan(decision, self._offered(decision, specs))
@@ -159,14 +170,50 @@ class Planner:
         return ToolEvent(call=trace)
 
     async def _ground(
-        self, run: Run, entities: KnownEntities, building: NamedEntity
-    ) -> AsyncIterator[AgentEvent]:
+        self, run: Run, building: NamedEntity
+    ) -> AsyncIterator[AgentEvent | list[NamedEntity]]:
+        """The building's visible lookup steps; then its rooms (as the result showed them)."""
         listed = await self._execute(run, "list_buildings", {"name": building.name})
-        entities.add_result(listed.result_json)
-        yield self._record(run, listed, listed.result_json)
+        yield self._show(run, listed)
         detail = await self._execute(run, "get_building", {"building_id": building.entity_id})
-        entities.add_result(detail.result_json)
-        yield self._record(run, detail, detail.result_json)
+        yield self._show(run, detail)
+        entities = named_entities(detail.result_json) if detail.ok else []
+        yield [e for e in entities if e.kind == "room"]
+
+    async def _measure(
+        self, run: Run, question: str, grounded: list[tuple[NamedEntity, list[NamedEntity]]]
+    ) -> AsyncIterator[AgentEvent]:
+        """The one measurement the question clearly asks for, on the rooms it names (or all
+        rooms of the building, for occupancy); nothing when the intent is unclear."""
+        intent = live_intent(question)
+        all_rooms = [room for _, rooms in grounded for room in rooms]
+        named = match_names(question, all_rooms)[:MAX_GROUNDED]
+        calls: list[tuple[str, dict[str, object]]] = []
+        if intent.occupancy:
+            ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]
+            calls = [("get_room_occupancy", {"room_ids": ids})] if ids else []
+        elif intent.inventory:
+            for building, rooms in grounded:
+                args: dict[str, object] = {"building_id": building.entity_id}
+                in_building = [room for room in named if room in rooms]
+                if in_building:
+                    args["room_id"] = in_building[0].entity_id
+                calls.append(("list_sensors", args))
+        elif intent.reading or intent.history_hours:
+            for room in named:
+                args = {"room_id": room.entity_id}
+                if intent.sensor_type:
+                    args["sensor_type"] = intent.sensor_type
+                if intent.history_hours and intent.sensor_type:
+                    calls.append(("get_sensor_history", {**args, "hours": intent.history_hours}))
+                else:
+                    calls.append(("get_latest_sensor_data", args))
+        for name, arguments in calls:
+            yield self._show(run, await self._execute(run, name, arguments))
+
+    def _show(self, run: Run, outcome: ToolOutcome) -> ToolEvent:
+        run.entities.add_result(outcome.result_json)
+        return self._record(run, outcome, outcome.result_json)
 
     def _show_docs(self, run: Run, search: ToolOutcome, question: str) -> ToolEvent:
         """The up-front search as a visible ``search_docs`` step holding only the chunks

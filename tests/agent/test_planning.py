@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from agent_helpers import NORTHWIND_STAFF, FakeRetriever, hit, mesh_user
 
 from agent.llm.base import ChatRequest, ChatResult
@@ -50,10 +51,9 @@ def has_decline(request: ChatRequest) -> bool:
 async def test_a_named_building_is_resolved_before_the_model_is_called(
     make_local_agent: Any,
 ) -> None:
-    model = json_model(
-        tool_calls_reply(tool_call("get_room_occupancy", {"room_ids": HARBOR_ROOMS[:2]})),
-        text_reply("Loading Dock A and B are in use."),
-    )
+    """Name -> id -> rooms -> occupancy run as the caller before the model's first call; the
+    model only writes the answer (and can only pick the ids the steps returned)."""
+    model = json_model(text_reply("Loading Dock A and B are in use."))
     agent: Agent = make_local_agent(model, plan_first="on")
 
     answer = await agent.answer("How busy is Harbor Warehouse right now?", NORTHWIND_STAFF)
@@ -62,16 +62,57 @@ async def test_a_named_building_is_resolved_before_the_model_is_called(
     assert names == ["list_buildings", "get_building", "get_room_occupancy"]
     assert answer.tool_calls[0].arguments == {"name": "Harbor Warehouse"}
     assert answer.tool_calls[1].arguments == {"building_id": "bld-northwind-harbor"}
+    assert set(answer.tool_calls[2].arguments["room_ids"]) == set(HARBOR_ROOMS)
+    assert all(c.ok for c in answer.tool_calls)
     assert "route: live_data" in " ".join(answer.notes)
     first = model.requests[0]
-    # the model starts from the building's rooms, and can only pick their ids
     assert set(first.choices["room"]) == set(HARBOR_ROOMS)
     assert first.choices["building"] == ("bld-northwind-harbor",)
+    assert '"occupancy"' in (first.messages[-1].content or "")  # the result is shown
     branches = tool_branches(first)
     assert "search_docs" not in branches  # live data: no documentation tool
     room_ids = branches["get_room_occupancy"]["properties"]["room_ids"]
     assert set(room_ids["items"]["enum"]) == set(HARBOR_ROOMS)
     assert not has_decline(first)  # a question naming the caller's building is in scope
+
+
+@pytest.mark.parametrize(
+    ("question", "call", "arguments"),
+    [
+        (
+            "Does the Quiet Room in Acme Labs have any sensors?",
+            "list_sensors",
+            {"building_id": "bld-acme-labs", "room_id": "room-acme-labs-quiet"},
+        ),
+        (
+            "What is the CO2 level in the Wet Lab at Acme Labs?",
+            "get_latest_sensor_data",
+            {"room_id": "room-acme-labs-wet-lab", "sensor_type": "co2"},
+        ),
+        (
+            "How did the temperature in the Server Room at Acme Labs change over the last 8 hours?",
+            "get_sensor_history",
+            {"room_id": "room-acme-labs-server", "sensor_type": "temperature", "hours": 8},
+        ),
+    ],
+)
+async def test_the_measurement_a_question_asks_for_runs_on_the_room_it_names(
+    make_local_agent: Any, question: str, call: str, arguments: dict[str, Any]
+) -> None:
+    model = json_model(text_reply("Here is what the sensors say."))
+    answer = await make_local_agent(model, plan_first="on").answer(question, ACME_STAFF)
+
+    assert [c.name for c in answer.tool_calls] == ["list_buildings", "get_building", call]
+    assert answer.tool_calls[-1].arguments == arguments
+    assert answer.tool_calls[-1].ok, answer.tool_calls[-1].error
+
+
+async def test_no_measurement_when_the_intent_is_unclear(make_local_agent: Any) -> None:
+    model = json_model(text_reply("Acme Tower has a Lobby, a Cafeteria and room 12A."))
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "Tell me about Acme Tower.", ACME_STAFF
+    )
+    assert [c.name for c in answer.tool_calls] == ["list_buildings", "get_building"]
 
 
 async def test_unknown_and_forbidden_building_names_plan_the_same(

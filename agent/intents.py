@@ -1,0 +1,78 @@
+"""What a live-data question asks for, from its words: occupancy now, the sensor inventory,
+a current reading, or a history. Cheap and conservative: an intent is only acted on when
+the question also names a building or room the caller can see (``agent.planning``), and a
+question with no clear intent is left to the model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["LiveIntent", "live_intent"]
+
+_SENSOR_TYPES = {
+    "co2": "co2",
+    "carbon dioxide": "co2",
+    "temperature": "temperature",
+    "warm": "temperature",
+    "cold": "temperature",
+    "hot": "temperature",
+    "humidity": "humidity",
+    "humid": "humidity",
+    "door counter": "door_counter",
+    "door-counter": "door_counter",
+}
+_OCCUPANCY = re.compile(
+    r"\b(busy|busiest|full|fullest|crowded|occupancy|occupied|utili[sz]ation|how many people"
+    r"|people (are )?in|empty|emptiest|free|quiet(est)?)\b"
+)
+_INVENTORY = re.compile(
+    r"\b(which|what|any|installed|have|has|inventory|devices?)\b.*\bsensors?\b"
+    r"|\bsensors?\b.*\b(installed|fitted|are there)\b"
+)
+_READING = re.compile(r"\b(reading|readings|reporting|right now|currently|current|level|now)\b")
+_HISTORY = re.compile(
+    r"\b(history|trend|over the (last|past)|during the (last|past)|changed?|since)\b"
+)
+_HOURS = re.compile(r"\b(last|past)\s+(\d{1,3})\s*(hours?|h)\b")
+_WEEK = re.compile(r"\b(last|past)\s+(week|7 days)\b")
+
+
+@dataclass(frozen=True)
+class LiveIntent:
+    occupancy: bool = False
+    inventory: bool = False
+    reading: bool = False
+    history_hours: int | None = None
+    sensor_type: str | None = None  # one of the sensor service's types, when named
+
+
+def _sensor_type(text: str) -> str | None:
+    found = {kind for word, kind in _SENSOR_TYPES.items() if re.search(rf"\b{word}\b", text)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _hours(text: str) -> int:
+    match = _HOURS.search(text)
+    if match:
+        return max(1, min(168, int(match.group(2))))
+    return 168 if _WEEK.search(text) else 24
+
+
+def live_intent(question: str) -> LiveIntent:
+    text = question.lower()
+    sensor_type = _sensor_type(text)
+    history = bool(_HISTORY.search(text)) and sensor_type is not None
+    inventory = bool(_INVENTORY.search(text)) and not history
+    reading = sensor_type is not None and not history and bool(_READING.search(text))
+    if "sensor" in text and "reporting" in text:
+        reading = True  # "is the temperature sensor reporting": the latest reading says
+    occupancy = bool(_OCCUPANCY.search(text)) and sensor_type is None and not inventory
+    return LiveIntent(
+        occupancy=occupancy,
+        inventory=inventory and not reading,
+        reading=reading,
+        history_hours=_hours(text) if history else None,
+        sensor_type=sensor_type,
+    )
