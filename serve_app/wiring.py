@@ -128,6 +128,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         temperature=settings.llm_temperature,
         max_output_tokens=settings.max_output_tokens,
         provider_url=settings.llm_base_url,
+        heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
 
 
