@@ -58,7 +58,7 @@ ask: install
 # The whole service on embedded defaults, then one real question over HTTP.
 run: serve ask
 	@echo
-	@echo "The service keeps running. Try: .venv/bin/agent-service ask --stream 'What does error code CV-E1033 mean?'"
+	@echo "The service keeps running. Try: .venv/bin/agent-service ask 'What does error code CV-E1033 mean?'"
 	@echo "(The local 1.5B model handles documentation questions; for reliable multi-step live-data"
 	@echo " questions such as 'How busy is Harbor Warehouse?', set OPENROUTER_API_KEY: see README.)"
 	@echo "Stop everything with: make stop"

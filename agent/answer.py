@@ -1,5 +1,5 @@
 """The shapes the agent hands back: ``AgentAnswer`` (the ``/ask`` response body) and the
-stream events (``tool``, ``token``, ``citation``, ``done``).
+stream events (``progress``, ``tool``, ``token``, ``citation``, ``done``).
 
 Pydantic models, so the ingress serialises them as they are (``model_dump(mode="json")``) and
 they cross a Ray Serve handle boundary unchanged.
@@ -82,6 +82,38 @@ class ToolEvent(BaseModel):
     call: ToolCallTrace
 
 
+ProgressStage = Literal["started", "route", "model", "waiting", "tool_started"]
+
+
+class ProgressEvent(BaseModel):
+    """What the run is doing, so a person sees it move before the first token (which a small
+    local model may take many seconds to produce, longer when queued behind other requests).
+
+    Stages, and the fields each carries (the others stay ``None``):
+
+    - ``started``: the run began (the first event of every run); ``model``: who answers.
+    - ``route``: which way the planner routed the question (``agent.planning``, json_schema
+      mode by default); ``route``: ``documentation``, ``live_data``, ``both``, ``greeting``
+      or ``open`` (no signal: the model chooses, and may decline).
+    - ``model``: a model call begins; ``hop`` (1-based) and ``model``.
+    - ``waiting``: the model call has produced nothing yet (queued for a slot, or still
+      reading the prompt); ``hop`` and ``elapsed_s`` since the call began, every few seconds.
+    - ``tool_started``: a tool is about to run; ``tool`` and ``arguments`` as the model sent
+      them. Its end is the ``tool`` event, unchanged.
+
+    Informational only: ``done`` stays the authoritative answer, and a client may ignore it.
+    """
+
+    type: Literal["progress"] = "progress"
+    stage: ProgressStage
+    model: str | None = None
+    route: str | None = None
+    hop: int | None = None
+    elapsed_s: float | None = None
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
 class TokenEvent(BaseModel):
     type: Literal["token"] = "token"
     text: str
@@ -97,4 +129,4 @@ class DoneEvent(BaseModel):
     response: AgentAnswer
 
 
-AgentEvent = ToolEvent | TokenEvent | CitationEvent | DoneEvent
+AgentEvent = ProgressEvent | ToolEvent | TokenEvent | CitationEvent | DoneEvent

@@ -9,10 +9,12 @@ calls: a model still asking for tools after that gets the IDK marker and
 ``tool_loop_exhausted``. Provider failures (after the client's retries) end the run with
 ``provider_error`` and a clean message; nothing is raised to the caller.
 
-``stream`` yields ``tool`` events as tools finish, ``token`` events as text arrives (through
-``CitationStreamFilter``, so an invented marker is never sent), ``citation`` events for each
-valid marker, then one ``done`` event carrying the full ``AgentAnswer``. ``answer`` runs the
-same loop with non-streaming model calls. The ``done`` answer is authoritative: a model that
+``stream`` yields ``progress`` events (``started`` first; each model call, a ``waiting``
+heartbeat while it has sent nothing yet, each tool as it starts), ``tool`` events as tools
+finish, ``token`` events as text arrives (through ``CitationStreamFilter``, so an invented
+marker is never sent), ``citation`` events for each valid marker, then one ``done`` event
+carrying the full ``AgentAnswer``. ``answer`` runs the same loop with non-streaming model
+calls. The ``done`` answer is authoritative: a model that
 writes a preamble before calling tools ("Let me check.") has that preamble streamed as tokens,
 but only the final hop's text is the answer.
 
@@ -37,6 +39,7 @@ from agent.answer import (
     CitationEvent,
     Decision,
     DoneEvent,
+    ProgressEvent,
     TokenEvent,
     ToolEvent,
 )
@@ -54,6 +57,7 @@ from agent.llm.base import (
     ToolCall,
 )
 from agent.planning import Plan, Planner, hop_request
+from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend, tool_started, with_heartbeat
 from agent.prompts import (
     DECLINE_TEXT,
     IDK_MARKER,
@@ -100,6 +104,7 @@ class AgentConfig:
     # Route, ground entities and fetch documentation before the first model call
     # (agent.planning). None: in json_schema mode only (small local models).
     plan_first: bool | None = None
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # between ``waiting`` events
 
 
 class Agent:
@@ -189,19 +194,21 @@ class Agent:
         streaming: bool,
     ) -> AsyncGenerator[AgentEvent, None]:
         """The loop inside its run trace (``agent.answer``), started on the first event."""
+        answering = model or self.llm.default_model
         trace = RunTrace.start(
             self.observer,
             question=question,
             user_id=user.sub,
             provider=self.provider,
-            model=model or self.llm.default_model,
+            model=answering,
             streaming=streaming,
             mode=self.mode,
         )
         loop = self._loop(
             question, user, model=model, top_k=top_k, streaming=streaming, trace=trace
         )
-        events = trace.observe(loop)
+        # ``started`` goes out before any work, so a caller hears back at once.
+        events = trace.observe(prepend(ProgressEvent(stage="started", model=answering), loop))
         async with aclosing(events):
             async for event in events:
                 yield event
@@ -238,7 +245,7 @@ class Agent:
             with trace.hop(hop) as hop_ctx:
                 reply: ChatResult | LLMError | None = None
                 request = hop_request(run, specs, plan, model)
-                replies = self._call_model(run, request, streaming, hop_ctx)
+                replies = self._call_model(run, request, streaming, hop, hop_ctx)
                 async with aclosing(replies):
                     async for event in replies:
                         if isinstance(event, ChatResult | LLMError):
@@ -306,13 +313,15 @@ class Agent:
         run: Run,
         request: ChatRequest,
         streaming: bool,
+        hop: int,
         parent: otel_context.Context,
     ) -> AsyncGenerator[_Reply, None]:
-        """One model call under the hop's context: streamed events (when streaming), then
-        the reply, or the provider error the call ended with."""
+        """One model call under the hop's context: its ``model`` progress event, streamed
+        events (when streaming), then the reply, or the provider error the call ended with."""
+        yield ProgressEvent(stage="model", hop=hop, model=request.model or run.model)
         try:
             if streaming:
-                events = self._stream_hop(request, run, parent)
+                events = self._stream_hop(request, run, hop, parent)
                 async with aclosing(events):
                     async for event in events:
                         yield event
@@ -322,10 +331,10 @@ class Agent:
             yield exc
 
     async def _stream_hop(
-        self, request: ChatRequest, run: Run, parent: otel_context.Context
+        self, request: ChatRequest, run: Run, hop: int, parent: otel_context.Context
     ) -> AsyncGenerator[AgentEvent | ChatResult, None]:
-        """One streamed model call: filtered tokens and citations as they arrive, then the
-        finished ``ChatResult``."""
+        """One streamed model call: ``waiting`` heartbeats until the model sends something,
+        filtered tokens and citations as they arrive, then the finished ``ChatResult``."""
         retrieved = run.retrieved()
         stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
 
@@ -337,10 +346,16 @@ class Agent:
                 events.append(CitationEvent(citation=citation_out(citation)))
             return events
 
-        source = self.traced_llm.stream(request, parent=parent, fallback_model=run.model)
+        source = with_heartbeat(
+            self.traced_llm.stream(request, parent=parent, fallback_model=run.model),
+            hop=hop,
+            every=self.config.heartbeat_seconds,
+        )
         try:
             async for event in source:
-                if isinstance(event, TextDelta):
+                if isinstance(event, ProgressEvent):
+                    yield event
+                elif isinstance(event, TextDelta):
                     text = stream_filter.feed(event.text)
                     if text:
                         yield TokenEvent(text=text)
@@ -364,9 +379,12 @@ class Agent:
         calls: tuple[ToolCall, ...] | list[ToolCall],
         hop: otel_context.Context,
     ) -> AsyncGenerator[AgentEvent, None]:
-        """Run one hop's tool calls concurrently; yield a tool event as each finishes;
-        append the results to the conversation in call order. Each call carries the hop's
-        trace context, so its ``tool.<name>`` span (opened where it runs) is the hop's child."""
+        """Run one hop's tool calls concurrently; yield a ``tool_started`` progress event for
+        each before they start and a tool event as each finishes; append the results to the
+        conversation in call order. Each call carries the hop's trace context, so its
+        ``tool.<name>`` span (opened where it runs) is the hop's child."""
+        for call in calls:
+            yield tool_started(call)
         request = dataclasses.replace(run.request, trace_context=inject(hop))
         tasks = [
             asyncio.create_task(self.tools.execute(call, request), name=f"tool:{call.name}")

@@ -31,10 +31,11 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from agent.answer import AgentEvent, ToolEvent
+from agent.answer import AgentEvent, ProgressEvent, ToolEvent
 from agent.entities import NamedEntity, match_names, named_entities
 from agent.intents import live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
+from agent.progress import tool_started
 from agent.routing import RouteDecision, RouteSignals, best_coverage, doc_tokens, is_greeting
 from agent.routing import route as decide_route
 from agent.run_state import Run, tool_trace
@@ -129,6 +130,7 @@ class Planner:
         )
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
+        yield ProgressEvent(stage="route", route=decision.route)
         if decision.wants_live and named:
             grounded: list[tuple[NamedEntity, list[NamedEntity]]] = []
             for building in named[:MAX_GROUNDED]:
@@ -145,10 +147,23 @@ class Planner:
 
     # --- the lookups --------------------------------------------------------------------------
 
-    async def _execute(self, run: Run, name: str, arguments: dict[str, object]) -> ToolOutcome:
+    def _call(self, name: str, arguments: dict[str, object]) -> ToolCall:
         self._calls += 1
-        call = ToolCall(f"plan_{self._calls}", name, json.dumps(arguments))
-        return await self.tools.execute(call, run.request)
+        return ToolCall(f"plan_{self._calls}", name, json.dumps(arguments))
+
+    async def _execute(self, run: Run, name: str, arguments: dict[str, object]) -> ToolOutcome:
+        return await self.tools.execute(self._call(name, arguments), run.request)
+
+    async def _visible(
+        self, run: Run, name: str, arguments: dict[str, object]
+    ) -> AsyncIterator[AgentEvent | ToolOutcome]:
+        """A step the model will see: ``tool_started``, the ``tool`` event, then the outcome."""
+        call = self._call(name, arguments)
+        yield tool_started(call)
+        outcome = await self.tools.execute(call, run.request)
+        run.entities.add_result(outcome.result_json)
+        yield self._record(run, outcome, outcome.result_json)
+        yield outcome
 
     async def _named_buildings(self, run: Run, question: str) -> list[NamedEntity]:
         outcome = await self._execute(run, "list_buildings", {})
@@ -173,12 +188,16 @@ class Planner:
         self, run: Run, building: NamedEntity
     ) -> AsyncIterator[AgentEvent | list[NamedEntity]]:
         """The building's visible lookup steps; then its rooms (as the result showed them)."""
-        listed = await self._execute(run, "list_buildings", {"name": building.name})
-        yield self._show(run, listed)
-        detail = await self._execute(run, "get_building", {"building_id": building.entity_id})
-        yield self._show(run, detail)
-        entities = named_entities(detail.result_json) if detail.ok else []
-        yield [e for e in entities if e.kind == "room"]
+        async for item in self._visible(run, "list_buildings", {"name": building.name}):
+            if not isinstance(item, ToolOutcome):
+                yield item
+        rooms: list[NamedEntity] = []
+        async for item in self._visible(run, "get_building", {"building_id": building.entity_id}):
+            if not isinstance(item, ToolOutcome):
+                yield item
+            elif item.ok:
+                rooms = [e for e in named_entities(item.result_json) if e.kind == "room"]
+        yield rooms
 
     async def _measure(
         self, run: Run, question: str, grounded: list[tuple[NamedEntity, list[NamedEntity]]]
@@ -209,11 +228,9 @@ class Planner:
                 else:
                     calls.append(("get_latest_sensor_data", args))
         for name, arguments in calls:
-            yield self._show(run, await self._execute(run, name, arguments))
-
-    def _show(self, run: Run, outcome: ToolOutcome) -> ToolEvent:
-        run.entities.add_result(outcome.result_json)
-        return self._record(run, outcome, outcome.result_json)
+            async for item in self._visible(run, name, arguments):
+                if not isinstance(item, ToolOutcome):
+                    yield item
 
     def _show_docs(self, run: Run, search: ToolOutcome, question: str) -> ToolEvent:
         """The up-front search as a visible ``search_docs`` step holding only the chunks

@@ -202,6 +202,13 @@ class Settings(BaseSettings):
         description="Deadline of one /ask in the Serve ingress (504 envelope); keep it below "
         "serve_config.yaml's http_options.request_timeout_s (180).",
     )
+    stream_heartbeat_seconds: float = Field(
+        default=2.5,
+        gt=0,
+        le=60,
+        description="While a streamed /ask's model call has sent nothing yet (queued, or "
+        "reading the prompt), a `progress` `waiting` event this often.",
+    )
     cors_origins: CsvList = Field(default_factory=list)
     api_prefix: str = ""
 

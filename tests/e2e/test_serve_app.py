@@ -218,10 +218,14 @@ def test_sse_streams_events_in_order_and_done_matches_json(
             elif line.startswith("data:"):
                 events.append((name, json.loads(line.split(":", 1)[1]), time.monotonic()))
     kinds = [k for k, _, _ in events]
-    assert kinds[0] == "tool"
+    # progress events cross the AgentLoop -> Ingress streaming handle too: started first
+    assert events[0][:2] == ("progress", {"stage": "started", "model": "local/scripted"})
+    stages = [d["stage"] for k, d, _ in events if k == "progress"]
+    calls = [i for i, stage in enumerate(stages) if stage == "model"]
+    assert calls[0] < stages.index("tool_started") < calls[1]  # between the two model calls
     assert kinds[-1] == "done"
     assert "token" in kinds and "citation" in kinds
-    assert kinds.index("tool") < kinds.index("token")
+    assert kinds.index("progress") < kinds.index("tool") < kinds.index("token")
     tokens = [(d, t) for k, d, t in events if k == "token"]
     streamed = "".join(d["text"] for d, _ in tokens)
     assert "deadbeef0000" not in streamed

@@ -10,11 +10,15 @@ timeout), and the body is still the full ``AgentAnswer``: its ``error`` member
 ``tool_calls`` still tell what the run spent.
 
 SSE (``stream=true``): once auth, validation and the model override pass, the response is
-``200 text/event-stream`` and the run's outcome travels in the stream: ``tool`` (a
-``ToolCallTrace``), ``token`` (``{"text"}``), ``citation`` (a ``CitationOut``), then exactly one
-of ``done`` (the same ``AgentAnswer`` the JSON call returns) or ``error`` (the envelope; for a
-``provider_error`` run, the full ``AgentAnswer`` whose ``error`` is the envelope). A client
-disconnect closes the backend's event iterator, which cancels the model call and running tools.
+``200 text/event-stream`` and the run's outcome travels in the stream: ``progress``
+(``{"stage", ...}``: ``started`` at once with the answering ``model``, then ``model`` per model
+call, ``waiting`` heartbeats while it has sent nothing, ``tool_started`` per tool; see
+``agent.answer.ProgressEvent``), ``tool`` (a ``ToolCallTrace``, as each tool finishes),
+``token`` (``{"text"}``), ``citation`` (a ``CitationOut``), then exactly one of ``done`` (the
+same ``AgentAnswer`` the JSON call returns) or ``error`` (the envelope; for a ``provider_error``
+run, the full ``AgentAnswer`` whose ``error`` is the envelope). A client disconnect closes the
+backend's event iterator, which cancels the model call and running tools. A client that does
+not know an event name skips it (new progress stages may appear).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from agent.answer import (
     AgentEvent,
     CitationEvent,
     DoneEvent,
+    ProgressEvent,
     TokenEvent,
     ToolEvent,
 )
@@ -97,7 +102,8 @@ class AskRequest(BaseModel):
         ),
     ] = Field(description="The question, 1 to 4000 characters.")
     stream: bool = Field(
-        default=False, description="true: answer as Server-Sent Events (tool/token/.../done)"
+        default=False,
+        description="true: answer as Server-Sent Events (progress/tool/token/.../done)",
     )
     top_k: Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None = Field(
         default=None, description="Documentation chunks per search (default TOP_K_FINAL)."
@@ -139,6 +145,9 @@ def _sse(event: str, data: Any) -> ServerSentEvent:
 
 
 def _event_payload(event: AgentEvent) -> tuple[str, Any]:
+    if isinstance(event, ProgressEvent):
+        # Each stage carries only its own fields; ``type`` is the SSE event name already.
+        return "progress", event.model_dump(mode="json", exclude={"type"}, exclude_none=True)
     if isinstance(event, ToolEvent):
         return "tool", event.call.model_dump(mode="json")
     if isinstance(event, TokenEvent):
@@ -212,10 +221,18 @@ def _sse_event(name: str, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _progress_payload() -> dict[str, Any]:
+    """``ProgressEvent``'s schema without its ``type`` (the event name carries it)."""
+    schema = ProgressEvent.model_json_schema()
+    schema["properties"].pop("type")
+    return schema
+
+
 # The event stream, as OpenAPI 3.2 describes sequential media types (``itemSchema``: each
 # event, parsed into ``{"event", "data", ...}``; ``schema``: the whole stream as an array).
 _SSE_EVENT: dict[str, Any] = {
     "oneOf": [
+        _sse_event("progress", _progress_payload()),
         _sse_event("tool", _ref("ToolCallTrace")),
         _sse_event(
             "token",
@@ -238,8 +255,8 @@ _ANSWER_OR_ENVELOPE = {"anyOf": [_ref("AgentAnswer"), _ref("ErrorEnvelope")]}
 _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The answer (JSON), or with `stream=true` a `text/event-stream` of "
-        "`tool`, `token`, `citation` events and one final `done` (the same AgentAnswer) or "
-        "`error` event.",
+        "`progress` (`started` first, at once), `tool`, `token`, `citation` events and one "
+        "final `done` (the same AgentAnswer) or `error` event.",
         "content": {
             "text/event-stream": {
                 "itemSchema": _SSE_EVENT,

@@ -316,8 +316,10 @@ async def test_stream_events_in_order_and_done_is_the_json_answer(
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             assert response.headers["cache-control"] == "no-store"
-            events = await read_sse(response)
+            received = await read_sse(response)
 
+    assert received[0].event == "progress" and received[0].data["stage"] == "started"
+    events = [e for e in received if e.event != "progress"]  # progress: test_ask_progress.py
     names = [e.event for e in events]
     assert names[:2] == ["tool", "tool"]
     assert [e.data["name"] for e in events[:2]] == ["search_docs", "get_building"]

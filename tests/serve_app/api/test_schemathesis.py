@@ -26,11 +26,12 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from api_helpers import ADMIN, NORTHWIND_ADMIN, NORTHWIND_STAFF, FakeBackend
+from api_helpers import ADMIN, NORTHWIND_ADMIN, NORTHWIND_STAFF, FakeBackend, answer
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
+from agent.answer import DoneEvent, ProgressEvent, TokenEvent, ToolCallTrace, ToolEvent
 from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from serve_app.api.app import create_app
@@ -210,19 +211,32 @@ async def test_the_event_stream_is_documented_event_by_event(
     fake_app: Any, asgi_client: Any
 ) -> None:
     """Found by schemathesis: the SSE response was documented as ``{"type": "string"}``, so
-    every event failed validation. Each event (``tool``, ``token``, ``citation``, ``done``,
-    ``error``) and its JSON payload is now in the schema, and a stream is checked against it:
-    the real stream passes, a stream with an undocumented event or payload does not."""
-    app, _ = fake_app()
+    every event failed validation. Each event (``progress``, ``tool``, ``token``,
+    ``citation``, ``done``, ``error``) and its JSON payload is now in the schema, and a stream
+    is checked against it: the real stream passes, a stream with an undocumented event or
+    payload does not."""
+    call = ToolCallTrace(name="list_buildings", arguments={}, ok=True, duration_ms=3.0)
+    events = [
+        ProgressEvent(stage="started", model="local/scripted"),
+        ProgressEvent(stage="model", hop=1, model="local/scripted"),
+        ProgressEvent(stage="waiting", hop=1, elapsed_s=2.5),
+        ProgressEvent(stage="tool_started", tool="list_buildings", arguments={}),
+        ToolEvent(call=call),
+        TokenEvent(text="ok"),
+        DoneEvent(response=answer()),
+    ]
+    app, _ = fake_app(FakeBackend(stream_events=list(events)))
     response = await asgi_client(app).post(
         "/ask", json={"question": "hi", "stream": True}, headers=ADMIN
     )
     assert response.headers["content-type"].startswith("text/event-stream")
     operation = schema["/ask"]["POST"]
     operation.validate_response(response)
+    done = b"event: done\r\ndata: " + answer().model_dump_json().encode() + b"\r\n\r\n"
     for bad in (
         b'event: teleport\r\ndata: {"text": "hi"}\r\n\r\n',
         b'event: token\r\ndata: {"txt": "hi"}\r\n\r\n',
+        b'event: progress\r\ndata: {"stage": "teleport"}\r\n\r\n' + done,  # unknown stage
         b'event: token\r\ndata: {"text": "hi"}\r\n\r\n',  # no final done/error event
     ):
         forged = httpx.Response(
