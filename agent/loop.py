@@ -434,7 +434,9 @@ class Agent:
                 return
             answer = grounded.answer.strip()
             citations = [citation_out(c) for c in grounded.citations]
-            checked = grounded
+            if grounded is not checked:  # a repaired answer: report both replies' inventions
+                extra = [i for i in grounded.hallucinated if i not in checked.hallucinated]
+                checked = dataclasses.replace(grounded, hallucinated=checked.hallucinated + extra)
         yield DoneEvent(
             response=run.response(
                 answer,
