@@ -52,6 +52,9 @@ class RetrievalOut(BaseModel):
     hallucinated_citations: list[str] = Field(default_factory=list)
     chunks_seen: int = 0  # distinct chunks search_docs returned during the run
     chunk_ids: list[str] = Field(default_factory=list)
+    # Figures, ids and names the model wrote that no tool result or chunk of this run holds
+    # (agent.grounding); the answer was repaired without them, or replaced by the IDK answer.
+    ungrounded: list[str] = Field(default_factory=list)
 
 
 class AgentError(BaseModel):

@@ -271,6 +271,7 @@ class RunTrace:
                 attr.AGENT_TOOL_CALLS: len(done.tool_calls),
                 attr.AGENT_CITATIONS: len(done.citations),
                 attr.AGENT_HALLUCINATED: len(done.retrieval.hallucinated_citations),
+                attr.AGENT_UNGROUNDED: len(done.retrieval.ungrounded),
                 attr.GEN_AI_RESPONSE_MODEL: done.model,
                 attr.GEN_AI_INPUT_TOKENS: done.usage.input_tokens,
                 attr.GEN_AI_OUTPUT_TOKENS: done.usage.output_tokens,

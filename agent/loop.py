@@ -37,13 +37,17 @@ from agent.answer import (
     AgentAnswer,
     AgentEvent,
     CitationEvent,
-    Decision,
     DoneEvent,
     ProgressEvent,
     TokenEvent,
     ToolEvent,
 )
-from agent.citations import Citation, CitationStreamFilter, extract_citations, snippet
+from agent.citations import (
+    Citation,
+    CitationStreamFilter,
+    snippet,
+)
+from agent.finishing import Finisher
 from agent.instrumented import InstrumentedLLM, RunTrace
 from agent.llm.base import (
     ChatRequest,
@@ -59,12 +63,9 @@ from agent.llm.base import (
 from agent.planning import Plan, Planner, hop_request
 from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend, tool_started, with_heartbeat
 from agent.prompts import (
-    DECLINE_TEXT,
     IDK_MARKER,
     Mode,
     SystemPrompt,
-    is_idk,
-    is_refusal,
     load_system_prompt,
 )
 from agent.run_state import Run, citation_out, tool_trace
@@ -145,6 +146,7 @@ class Agent:
                 max_output_tokens=self.config.max_output_tokens,
             )
         )
+        self.finisher = Finisher(self.traced_llm)
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -278,7 +280,8 @@ class Agent:
                             yield tool_event
                     continue
 
-                async for event in self._finish(run, reply, streaming):
+                finish = self.finisher.finish(run, reply, streaming, request, trace, hop)
+                async for event in finish:
                     yield event
                 return
 
@@ -410,40 +413,3 @@ class Agent:
                     "tool", outcome.result_json, tool_call_id=outcome.call_id, name=outcome.name
                 )
             )
-
-    async def _finish(
-        self,
-        run: Run,
-        result: ChatResult,
-        streaming: bool,
-    ) -> AsyncIterator[AgentEvent]:
-        """Classify the final reply, validate its citations, yield the done event."""
-        if result.kind == "refusal":
-            if streaming:
-                yield TokenEvent(text=DECLINE_TEXT)
-            yield DoneEvent(response=run.declined(DECLINE_TEXT, result))
-            return
-
-        raw = (result.text or "").strip()
-        if not raw:
-            if streaming:
-                yield TokenEvent(text=IDK_MARKER)
-            run.notes.append("the model returned an empty answer")
-            yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
-            return
-        checked = extract_citations(result.text or "", run.retrieved())
-        answer = checked.answer.strip()
-        citations = [citation_out(c) for c in checked.citations]
-        if is_refusal(answer):
-            yield DoneEvent(response=run.declined(answer, result))
-            return
-        decision: Decision = "idk" if is_idk(answer) else "answered"
-        yield DoneEvent(
-            response=run.response(
-                answer,
-                decision,
-                idk=decision == "idk",
-                citations=citations,
-                hallucinated=checked.hallucinated,
-            )
-        )

@@ -20,6 +20,7 @@ from agent.answer import (
 )
 from agent.citations import ChunkInfo, Citation
 from agent.entities import KnownEntities
+from agent.grounding import Evidence, build_evidence
 from agent.llm.base import ChatResult, LLMError, MalformedReply, Message, ProviderRejected
 from agent.tools.base import ChunkSink
 from agent.tools.executor import ToolRequest
@@ -69,11 +70,24 @@ class Run:
     seen_chunks: ChunkSink = field(default_factory=ChunkSink)
     entities: KnownEntities = field(default_factory=KnownEntities)  # ids resolved so far
     trace_id: str | None = None
+    ungrounded: list[str] = field(default_factory=list)  # claims a rejected answer made
 
     def retrieved(self) -> dict[str, ChunkInfo]:
         return {
             hit.chunk_id: ChunkInfo(hit.source, hit.section, hit.text) for hit in self.seen_chunks
         }
+
+    def evidence(self) -> Evidence:
+        """What this run's answer may draw on: the question (the user's own figures), every
+        tool call's arguments and result, and the full text of every chunk retrieved."""
+        question = next((m.content or "" for m in self.messages if m.role == "user"), "")
+        texts = [question]
+        for message in self.messages:
+            if message.role == "tool":
+                texts.append(message.content or "")
+            texts.extend(call.arguments for call in message.tool_calls)
+        texts.extend(hit.text for hit in self.seen_chunks)
+        return build_evidence(texts)
 
     def declined(self, text: str, result: ChatResult) -> AgentAnswer:
         if self.traces:
@@ -122,6 +136,7 @@ class Run:
                 hallucinated_citations=hallucinated or [],
                 chunks_seen=len(chunk_ids),
                 chunk_ids=chunk_ids,
+                ungrounded=list(self.ungrounded),
             ),
             model=self.model,
             trace_id=self.trace_id,

@@ -184,6 +184,7 @@ async def test_two_tool_request_tree_and_attributes_without_payloads(
         "agent.hops": 2,
         "agent.tool_calls": 2,
         "agent.citations": 1,
+        "agent.ungrounded_claims": 0,
         "gen_ai.usage.input_tokens": answer.usage.input_tokens,
         "gen_ai.usage.output_tokens": answer.usage.output_tokens,
         "gen_ai.usage.cost": 0.0,

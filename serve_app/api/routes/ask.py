@@ -19,6 +19,12 @@ same ``AgentAnswer`` the JSON call returns) or ``error`` (the envelope; for a ``
 run, the full ``AgentAnswer`` whose ``error`` is the envelope). A client disconnect closes the
 backend's event iterator, which cancels the model call and running tools. A client that does
 not know an event name skips it (new progress stages may appear).
+
+The ``done`` answer is authoritative: clients replace the text built from ``token`` events with
+``done.answer`` (and the ``citation`` events with ``done.citations``). Tokens are sent as the
+model writes them, before the service checks the answer; an answer whose figures no tool result
+holds (``agent.grounding``) ends with a ``done`` carrying the repaired answer or the IDK answer,
+and ``retrieval.ungrounded`` lists what was removed.
 """
 
 from __future__ import annotations
@@ -256,7 +262,9 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The answer (JSON), or with `stream=true` a `text/event-stream` of "
         "`progress` (`started` first, at once), `tool`, `token`, `citation` events and one "
-        "final `done` (the same AgentAnswer) or `error` event.",
+        "final `done` (the same AgentAnswer) or `error` event. `done` is authoritative: clients "
+        "replace the streamed text with its `answer` (an answer that failed the grounding check "
+        "is corrected there).",
         "content": {
             "text/event-stream": {
                 "itemSchema": _SSE_EVENT,

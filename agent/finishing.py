@@ -1,0 +1,140 @@
+"""The end of a run: classify the final reply (answered, idk, declined), validate its
+citations, and check that its figures are grounded (``agent.grounding``): an answer with a
+number, id or designator that no tool result holds is repaired once (the violation fed back)
+or becomes the IDK answer. Kept out of ``agent.loop`` so the loop reads as the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+
+from agent.answer import AgentEvent, Decision, DoneEvent, TokenEvent
+from agent.citations import CitationResult, extract_citations
+from agent.grounding import ungrounded
+from agent.instrumented import InstrumentedLLM, RunTrace
+from agent.llm.base import ChatRequest, ChatResult, LLMError, Message
+from agent.prompts import DECLINE_TEXT, IDK_MARKER, is_idk, is_refusal
+from agent.run_state import Run, citation_out
+
+__all__ = ["Finisher"]
+
+log = logging.getLogger(__name__)
+
+
+def _repair_note(missing: list[str]) -> str:
+    return (
+        f"These figures do not appear in any tool result: {'; '.join(missing)}. "
+        "Answer again using only what the tool results say, or, if they do not answer the "
+        "question, say you don't know as instructed. Follow the required format."
+    )
+
+
+class Finisher:
+    """Ends runs for one agent; ``llm`` is the agent's traced model (for the repair call)."""
+
+    def __init__(self, llm: InstrumentedLLM) -> None:
+        self.traced_llm = llm
+
+    async def finish(
+        self,
+        run: Run,
+        result: ChatResult,
+        streaming: bool,
+        request: ChatRequest,
+        trace: RunTrace,
+        hop: int,
+    ) -> AsyncIterator[AgentEvent]:
+        """Classify the final reply, validate its citations, check its figures are grounded
+        (``_grounded``; ``request``, ``trace`` and ``hop`` are for its repair call), yield the
+        done event. A streamed answer replaced here was already sent as tokens: the done
+        answer supersedes them."""
+        if result.kind == "refusal":
+            if streaming:
+                yield TokenEvent(text=DECLINE_TEXT)
+            yield DoneEvent(response=run.declined(DECLINE_TEXT, result))
+            return
+
+        raw = (result.text or "").strip()
+        if not raw:
+            if streaming:
+                yield TokenEvent(text=IDK_MARKER)
+            run.notes.append("the model returned an empty answer")
+            yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
+            return
+        checked = extract_citations(result.text or "", run.retrieved())
+        answer = checked.answer.strip()
+        citations = [citation_out(c) for c in checked.citations]
+        if is_refusal(answer):
+            yield DoneEvent(response=run.declined(answer, result))
+            return
+        decision: Decision = "idk" if is_idk(answer) else "answered"
+        if decision == "answered":
+            grounded = await self._grounded(run, checked, request, trace, hop)
+            if grounded is None:
+                yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
+                return
+            answer = grounded.answer.strip()
+            citations = [citation_out(c) for c in grounded.citations]
+            if grounded is not checked:  # a repaired answer: report both replies' inventions
+                extra = [i for i in grounded.hallucinated if i not in checked.hallucinated]
+                checked = dataclasses.replace(grounded, hallucinated=checked.hallucinated + extra)
+        yield DoneEvent(
+            response=run.response(
+                answer,
+                decision,
+                idk=decision == "idk",
+                citations=citations,
+                hallucinated=checked.hallucinated,
+            )
+        )
+
+    async def _grounded(
+        self, run: Run, checked: CitationResult, request: ChatRequest, trace: RunTrace, hop: int
+    ) -> CitationResult | None:
+        """``checked`` if every figure, id and designator in it is grounded in the run's
+        evidence; else the answer of one repair call, if that one is; else None (the run
+        answers IDK). What was rejected goes to ``run.ungrounded`` and ``notes``."""
+        evidence = run.evidence()  # before the repair note, which repeats the figures
+        missing = ungrounded(checked.answer, evidence)
+        if not missing:
+            return checked
+        run.ungrounded.extend(missing)
+        repaired = await self._repair(run, checked.answer, missing, request, trace, hop + 1)
+        if repaired is not None:
+            still = ungrounded(repaired.answer, evidence)
+            if not still:
+                run.notes.append(f"answer repaired; not in any tool result: {'; '.join(missing)}")
+                return repaired
+            run.ungrounded.extend(c for c in still if c not in run.ungrounded)
+        run.notes.append(
+            f"answer replaced by IDK; not in any tool result: {'; '.join(run.ungrounded)}"
+        )
+        return None
+
+    async def _repair(
+        self,
+        run: Run,
+        answer: str,
+        missing: list[str],
+        request: ChatRequest,
+        trace: RunTrace,
+        hop: int,
+    ) -> CitationResult | None:
+        """One more model call (a hop of its own, never streamed: the done answer replaces
+        what was streamed) with the violation fed back; its answer, or None when it asks
+        for tools, declines, says IDK, is empty or fails."""
+        run.messages += [Message("assistant", answer), Message("user", _repair_note(missing))]
+        retry = dataclasses.replace(request, messages=tuple(run.messages))
+        with trace.hop(hop) as hop_ctx:
+            try:
+                reply = await self.traced_llm.chat(retry, parent=hop_ctx, fallback_model=run.model)
+            except LLMError as exc:
+                log.warning("hop %d: the grounding repair call failed: %s", hop, exc)
+                return None
+        run.model = reply.model or run.model
+        run.usage.record(reply.usage, run.model, hop=hop)
+        text = (reply.text or "").strip()
+        if reply.kind != "text" or not text or is_idk(text) or is_refusal(text):
+            return None
+        return extract_citations(text, run.retrieved())

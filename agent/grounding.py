@@ -1,0 +1,349 @@
+"""Grounding: every figure, id and room designator in an answer must come from this run's
+evidence (issue 14 item 4, "no invented figures").
+
+Plain Python, no I/O. :func:`extract_claims` finds the checkable claims in an answer;
+:func:`build_evidence` indexes what the run saw (tool results as JSON text, cited/retrieved
+chunk text, tool-call arguments, the user's own question); :func:`ungrounded` lists the claims
+the evidence does not support, as the answer wrote them (``"23.5 °C"``).
+
+What is a claim (both sides are normalised the same way: NFKC, typographic dashes and minus
+signs to ``-``):
+
+* **numbers**, with an optional unit. ``1,200`` = ``1200``; ``21.0`` = ``21``; a range
+  ``20-25`` is two numbers; the sign is ignored (``-1`` floor = ``1``). A number is grounded
+  when some evidence number rounds to it at the precision written (``21`` from ``21.37``,
+  ``21.4`` from ``21.37``, but not ``21.5`` from ``21``). A percentage may also come from a
+  fraction (``85%`` from ``0.85``); a duration may come in another time unit (``15 minutes``
+  from ``900``). Units are otherwise not compared: the check catches invented numbers, not a
+  real number under the wrong unit.
+* **times and dates**: ``14:05``, ``2 pm``, ``2025-03-04`` must be an instant or clock time in
+  the evidence (ISO timestamps in tool results count as their date, ``HH:MM`` and
+  ``HH:MM:SS``); a whole hour (``3 am``) is also grounded by the bare number.
+* **ids**: entity ids (``bld-``, ``room-``, ``sen-``, ``rm-`` prefixes) and upper-case codes
+  and keys (``CV-E1033``, ``SP-25``, ``SENSOR_STALE_AFTER_SECONDS``), matched as whole tokens,
+  case-insensitively. Their digits are never read as numbers; nor are those of words such as
+  ``CO2`` or ``v1``.
+* **room designators**: ``Dock C``, ``Room 12B``, ``12A`` (a designator with a letter) must
+  appear in the evidence; so must any of ``known_names`` (names the caller may see, when the
+  service knows them) that the answer mentions.
+
+Deliberately not claims (false positives would turn correct answers into IDK): citation
+markers (``[^id]``, ``[1]``, ``[chunk:...]``), list numbering (``1.``, ``2)``), URLs, number
+words (``four rooms``), ordinary hyphenated or snake_case words (``door-counter``,
+``sensor_type``) and free-form names (an invented "Harbor Annex" is not caught). Evidence is
+read generously: every digit run in it counts (so a number inside an id or a date counts),
+list lengths count (a model may count the rooms it was given), and the question's own
+figures count (the user may quote them back; they are the user's, not readings). Figures the
+model derives (a sum, a difference) are flagged unless the evidence holds them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+__all__ = ["Claim", "Evidence", "build_evidence", "extract_claims", "normalize", "ungrounded"]
+
+ClaimKind = Literal["number", "time", "id", "name"]
+
+_DASHES = dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe63\uff0d"), "-")
+_HALF = Decimal("0.5")
+
+# Units after a number (optional space or hyphen between): canonical name per spelling.
+_UNIT_SPELLINGS: dict[str, str] = {
+    "°c": "°C", "° c": "°C", "degrees celsius": "°C", "degrees": "°C", "celsius": "°C",
+    "%rh": "%RH", "% rh": "%RH", "rh": "%RH", "%": "%", "percent": "%", "per cent": "%",
+    "ppm": "ppm", "people": "people", "persons": "people", "person": "people",
+    "occupants": "people", "visitors": "people", "entries": "entries", "seats": "seats",
+    "ms": "ms", "milliseconds": "ms", "millisecond": "ms",
+    "seconds": "s", "second": "s", "secs": "s", "sec": "s", "s": "s",
+    "minutes": "min", "minute": "min", "mins": "min", "min": "min", "m": "min",
+    "hours": "h", "hour": "h", "hrs": "h", "hr": "h", "h": "h",
+    "days": "d", "day": "d", "d": "d", "weeks": "week", "week": "week",
+    "kwh": "kWh", "kw": "kW", "w": "W", "lux": "lux", "db": "dB",
+}  # fmt: skip
+_SECONDS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "min": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+    "week": Decimal(604800),
+}
+_UNIT = "|".join(
+    re.escape(s).replace(r"\ ", r"\s?") for s in sorted(_UNIT_SPELLINGS, key=len, reverse=True)
+)
+_ORDINAL = re.compile(r"(?:st|nd|rd|th)", re.I)
+
+_MARKERS = re.compile(
+    r"\[\^[^\]\s]*\]|\[\d{1,3}(?:\s*,\s*\d{1,3})*\]|\[(?:chunk|source|doc)[:\s][^\]]*\]"
+    r"|【[^】]*】|https?://\S+",
+    re.I,
+)
+_LIST_NUMBER = re.compile(r"^[ \t>]*(?:#+[ \t]*)?\(?\d{1,2}[.)](?=\s)", re.M)
+_INLINE_ENUM = re.compile(r"(?<![\w.,])\(?\d{1,2}\)(?=\s)")
+_DATETIME = re.compile(
+    r"(?<![\w-])(\d{4}-\d{2}-\d{2})"
+    r"(?:[T ](\d{2}:\d{2}(?::\d{2})?)(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)?(?![\w-])"
+)
+_CLOCK = re.compile(
+    r"(?<![\w:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?:\s?([ap])\.?m\b\.?)?(?![\w:])", re.I
+)
+_HOUR_AMPM = re.compile(r"(?<![\w:.])(\d{1,2})\s?([ap])\.?m\b\.?", re.I)
+# A token with a letter first and - or _ inside: an id, a code, a key, or a plain word.
+_DASHED = re.compile(r"(?<![\w/.-])[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)+(?![\w-])")
+_ALNUM = re.compile(r"(?<![\w.])[A-Za-z]+\d[A-Za-z0-9]*(?![\w])")  # CO2, E1033, v1
+_ENTITY_PREFIX = re.compile(r"(?:bld|bldg|room|rm|sen)-", re.I)
+_DESIGNATOR = re.compile(
+    r"\b(?:Room|Dock|Hall|Wing|Zone|Lab|Block|Bay|Gate|Suite)\s+"
+    r"((?!I\b)[A-Z]|\d{1,4}[A-Za-z]|[A-Z]\d{1,4})(?![\w-])"
+)
+_GLUED = re.compile(r"(?<![\w.,-])(\d+(?:\.\d+)?)([A-Za-z°%]+)(?![\w])")
+_NUMBER = re.compile(
+    r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?![\w])"
+    rf"(?:(?:\s|-)?({_UNIT})(?![A-Za-z]))?",
+    re.I,
+)
+# Evidence side: generous readings of every string.
+_EV_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+_EV_GROUPED = re.compile(r"(?<!\d)\d{1,3}(?:[, ]\d{3})+(?!\d)")
+_EV_DATE = re.compile(r"(?<!\d)(\d{4}-\d{2}-\d{2})")
+_EV_CLOCK = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?::(\d{2}))?")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One checkable statement of an answer.
+
+    ``text`` is how the answer wrote it (what the response reports); ``key`` the normalised
+    form looked up for times, ids and names; ``values`` the ``(value, tolerance)``
+    alternatives a number may be grounded by (any one is enough)."""
+
+    kind: ClaimKind
+    text: str
+    key: str = ""
+    values: tuple[tuple[Decimal, Decimal], ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a run's answer may draw on: numbers (sorted, absolute), clock times and dates,
+    and the casefolded text (for ids and names)."""
+
+    numbers: tuple[Decimal, ...]
+    moments: frozenset[str]
+    text: str
+    known_names: tuple[str, ...] = ()
+
+    def has_number(self, value: Decimal, tolerance: Decimal) -> bool:
+        i = bisect.bisect_left(self.numbers, value - tolerance)
+        return i < len(self.numbers) and self.numbers[i] <= value + tolerance
+
+    def has_token(self, key: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", self.text) is not None
+
+    def grounds(self, claim: Claim) -> bool:
+        if claim.kind == "number":
+            return any(self.has_number(v, t) for v, t in claim.values)
+        if claim.kind == "time":
+            return claim.key in self.moments or any(self.has_number(v, t) for v, t in claim.values)
+        return self.has_token(claim.key)
+
+
+def normalize(text: str) -> str:
+    """The one normalisation both sides get: NFKC (``℃`` -> ``°C``, no-break spaces), and
+    every dash or minus sign as ``-``."""
+    return unicodedata.normalize("NFKC", text).translate(_DASHES)
+
+
+# --- the answer side ---------------------------------------------------------------------------
+
+
+def _blank(match: re.Match[str]) -> str:
+    return " " * len(match.group(0))
+
+
+def _number_claim(text: str, digits: str, unit: str | None) -> Claim:
+    value = Decimal(digits.replace(",", ""))
+    decimals = len(digits.partition(".")[2])
+    tolerance = _HALF.scaleb(-decimals)
+    values = [(value, tolerance)]
+    canonical = _UNIT_SPELLINGS.get(" ".join(unit.casefold().split())) if unit else None
+    if canonical == "%":
+        values.append((value / 100, tolerance / 100))
+    elif canonical in _SECONDS:
+        seconds = _SECONDS[canonical]
+        for other in _SECONDS.values():
+            if other != seconds:  # the same duration in another time unit
+                values.append((value * seconds / other, tolerance * seconds / other))
+    return Claim("number", " ".join(text.split()), values=tuple(values))
+
+
+def _clock_claim(text: str, hour: int, minute: int, second: str | None, ampm: str) -> Claim:
+    if ampm:
+        hour = hour % 12 + (12 if ampm.casefold() == "p" else 0)
+    key = f"{hour:02d}:{minute:02d}" + (f":{second}" if second else "")
+    # A whole hour is also grounded by its bare number ("reset hour 3" -> "3 am").
+    values = ((Decimal(hour), Decimal(0)),) if minute == 0 and not second else ()
+    return Claim("time", text.strip(), key=key, values=values)
+
+
+def _is_checked_id(token: str) -> bool:
+    """Entity ids and upper-case codes/keys are claims; ordinary words with a hyphen are not."""
+    if _ENTITY_PREFIX.match(token):  # bld-acme-tower, rm-123-a; not "room-level"
+        return any(c.isdigit() for c in token) or token.count("-") >= 2
+    letters = [c for c in token if c.isalpha()]
+    upper = bool(letters) and all(c.isupper() for c in letters)
+    return upper and (any(c.isdigit() for c in token) or "_" in token)
+
+
+class _Scanner:
+    """Pulls claims out of an answer pattern by pattern, blanking what each pattern consumed
+    so a later pattern never re-reads it (an id's digits are not numbers)."""
+
+    def __init__(self, answer: str, known_names: Iterable[str]) -> None:
+        self.text = normalize(answer)
+        self.known_names = known_names
+        self.found: list[tuple[int, Claim]] = []
+
+    def sub(self, pattern: re.Pattern[str], claim: Any = None) -> None:
+        def replace(match: re.Match[str]) -> str:
+            found = claim(match) if claim is not None else None
+            for item in found if isinstance(found, list) else [found] if found else []:
+                self.found.append((match.start(), item))
+            return _blank(match)
+
+        self.text = pattern.sub(replace, self.text)
+
+    def scan(self) -> list[Claim]:
+        self.sub(_MARKERS)
+        self.sub(_LIST_NUMBER)
+        for name in sorted(self.known_names, key=len, reverse=True):
+            if len(name.strip()) >= 4:
+                pattern = re.compile(rf"(?<!\w){re.escape(normalize(name))}(?!\w)", re.I)
+                self.sub(pattern, lambda m: Claim("name", m.group(0), key=m.group(0).casefold()))
+        self.sub(_DATETIME, self._datetime)
+        self.sub(_CLOCK, self._clock)
+        self.sub(_HOUR_AMPM, lambda m: _clock_claim(m.group(0), int(m.group(1)), 0, None, m[2]))
+        self.sub(_DASHED, self._dashed)
+        self.sub(_ALNUM)
+        self.sub(_DESIGNATOR, self._designator)
+        self.sub(_INLINE_ENUM)
+        self.sub(_GLUED, self._glued)
+        self.sub(_NUMBER, lambda m: _number_claim(m.group(0), m.expand(r"\1.\2").rstrip("."), m[3]))
+        return [claim for _, claim in sorted(self.found, key=lambda pair: pair[0])]
+
+    @staticmethod
+    def _datetime(match: re.Match[str]) -> list[Claim]:
+        claims = [Claim("time", match.group(1), key=match.group(1))]
+        if match.group(2):
+            claims.append(Claim("time", match.group(2), key=match.group(2)))
+        return claims
+
+    @staticmethod
+    def _clock(match: re.Match[str]) -> Claim | None:
+        hour, minute = int(match.group(1)), int(match.group(2))
+        if hour > 24 or minute > 59:
+            return None  # a ratio or a score, not a time: left to nobody (rare)
+        return _clock_claim(match.group(0), hour, minute, match.group(3), match.group(4) or "")
+
+    @staticmethod
+    def _dashed(match: re.Match[str]) -> Claim | None:
+        token = match.group(0)
+        return Claim("id", token, key=token.casefold()) if _is_checked_id(token) else None
+
+    @staticmethod
+    def _designator(match: re.Match[str]) -> Claim:
+        return Claim("name", match.group(0), key=" ".join(match.group(0).casefold().split()))
+
+    @staticmethod
+    def _glued(match: re.Match[str]) -> Claim | None:
+        digits, tail = match.group(1), match.group(2)
+        if tail.casefold() in _UNIT_SPELLINGS:
+            return _number_claim(match.group(0), digits, tail)
+        if _ORDINAL.fullmatch(tail):
+            return _number_claim(match.group(0), digits, None)
+        if tail.isupper() and len(tail) <= 2:  # a designator such as 12A
+            return Claim("id", match.group(0), key=match.group(0).casefold())
+        return None  # 2xx, 3D, ...: not checked
+
+
+def extract_claims(answer: str, *, known_names: Iterable[str] = ()) -> list[Claim]:
+    """The checkable claims of ``answer``, in the order the scanner finds them."""
+    return _Scanner(answer, known_names).scan()
+
+
+# --- the evidence side -------------------------------------------------------------------------
+
+
+def _walk(value: Any, strings: list[str], numbers: list[Decimal]) -> None:
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int | float):
+        numbers.append(abs(Decimal(repr(value))))
+    elif isinstance(value, str):
+        strings.append(value)
+    elif isinstance(value, list):
+        numbers.append(Decimal(len(value)))  # the model may count what it was given
+        for item in value:
+            _walk(item, strings, numbers)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _walk(item, strings, numbers)
+
+
+def _text_numbers(text: str) -> Iterator[Decimal]:
+    for match in _EV_DIGITS.finditer(text):
+        yield Decimal(match.group(0))
+        if "." in match.group(0):
+            yield from (Decimal(part) for part in match.group(0).split("."))
+    for match in _EV_GROUPED.finditer(text):
+        yield Decimal(re.sub(r"[, ]", "", match.group(0)))
+
+
+def _text_moments(text: str) -> Iterator[str]:
+    yield from (m.group(1) for m in _EV_DATE.finditer(text))
+    for match in _EV_CLOCK.finditer(text):
+        hour_minute = f"{int(match.group(1)):02d}:{match.group(2)}"
+        yield hour_minute
+        if match.group(3):
+            yield f"{hour_minute}:{match.group(3)}"
+    for match in _HOUR_AMPM.finditer(text):
+        yield _clock_claim("", int(match.group(1)), 0, None, match.group(2)).key
+
+
+def build_evidence(texts: Iterable[str], *, known_names: Iterable[str] = ()) -> Evidence:
+    """Index ``texts`` (JSON tool results are read as JSON, anything else as plain text)."""
+    strings: list[str] = []
+    numbers: list[Decimal] = []
+    for text in texts:
+        try:
+            _walk(json.loads(text), strings, numbers)
+        except ValueError:
+            strings.append(text)
+    strings = [normalize(s) for s in strings]
+    moments: set[str] = set()
+    for string in strings:
+        numbers.extend(_text_numbers(string))
+        moments.update(_text_moments(string))
+    return Evidence(
+        numbers=tuple(sorted(set(numbers))),
+        moments=frozenset(moments),
+        text="\n".join(strings).casefold(),
+        known_names=tuple(known_names),
+    )
+
+
+def ungrounded(answer: str, evidence: Evidence) -> list[str]:
+    """The claims of ``answer`` the evidence does not support, as written, without repeats."""
+    missing: list[str] = []
+    for claim in extract_claims(answer, known_names=evidence.known_names):
+        if not evidence.grounds(claim) and claim.text not in missing:
+            missing.append(claim.text)
+    return missing
