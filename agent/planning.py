@@ -13,14 +13,16 @@ What it does, in order:
 2. A documentation search with the question, unless it is a greeting or names entities
    without a documented token, to score how well the documentation covers it.
 3. ``routing.route`` on those signals.
-4. For live data: for each named building (at most ``MAX_GROUNDED``), ``list_buildings``
-   filtered by its name and ``get_building`` (its rooms and their ids) run as visible tool
-   steps; the model starts from the ids instead of guessing them. For documentation: the
+4. For live data: for each named building (at most ``MAX_GROUNDED``), ``get_building`` (its
+   rooms and their ids) runs as a visible tool step, then the one measurement the question
+   clearly asks for (``agent.intents``); the model starts from the ids and the figures
+   instead of guessing them. For documentation: the
    search becomes a visible ``search_docs`` step holding only the best few chunks, trimmed
    to the sentences that match.
 
 Visible steps appear in the tool trace and as ``tool`` events, exactly like the model's own
-calls; the unfiltered lookup of step 1 does not (its result never reaches the model).
+calls. The lookup of step 1 appears in the trace only when the grounding used it (a building
+matched); its result never reaches the model.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ __all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
 
 MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
 DOC_HITS_SHOWN = 3  # chunks of the up-front search the model sees
-SNIPPET_CHARS = 480  # per chunk, after trimming to the matching sentences
+SNIPPET_CHARS = 360  # per chunk, after trimming to the matching sentences (prompt tokens)
 
 LIVE_KINDS = ("building", "room")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -111,7 +113,10 @@ class Planner:
         names = {spec.name for spec in specs}
         entities = run.entities
         entities.add_typed(question, LIVE_KINDS)
-        named = await self._named_buildings(run, question) if "list_buildings" in names else []
+        lookup: ToolOutcome | None = None
+        named: list[NamedEntity] = []
+        if "list_buildings" in names:
+            lookup, named = await self._named_buildings(run, question)
         tokens = doc_tokens(question)
         search: ToolOutcome | None = None
         greeting = is_greeting(question)
@@ -131,7 +136,8 @@ class Planner:
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
         yield ProgressEvent(stage="route", route=decision.route)
-        if decision.wants_live and named:
+        if decision.wants_live and named and lookup is not None:
+            yield self._traced_lookup(run, lookup)
             grounded: list[tuple[NamedEntity, list[NamedEntity]]] = []
             for building in named[:MAX_GROUNDED]:
                 async for item in self._ground(run, building):
@@ -165,12 +171,22 @@ class Planner:
         yield self._record(run, outcome, outcome.result_json)
         yield outcome
 
-    async def _named_buildings(self, run: Run, question: str) -> list[NamedEntity]:
+    async def _named_buildings(
+        self, run: Run, question: str
+    ) -> tuple[ToolOutcome, list[NamedEntity]]:
         outcome = await self._execute(run, "list_buildings", {})
         if not outcome.ok:
-            return []
+            return outcome, []
         buildings = [e for e in named_entities(outcome.result_json) if e.kind == "building"]
-        return match_names(question, buildings)
+        return outcome, match_names(question, buildings)
+
+    @staticmethod
+    def _traced_lookup(run: Run, lookup: ToolOutcome) -> ToolEvent:
+        """The name lookup the grounding used: in the trace (it ran, as the caller, and the
+        answer rests on it), not in the model's messages (get_building shows the building)."""
+        trace = tool_trace(lookup)
+        run.traces.append(trace)
+        return ToolEvent(call=trace)
 
     # --- the visible steps --------------------------------------------------------------------
 
@@ -187,10 +203,8 @@ class Planner:
     async def _ground(
         self, run: Run, building: NamedEntity
     ) -> AsyncIterator[AgentEvent | list[NamedEntity]]:
-        """The building's visible lookup steps; then its rooms (as the result showed them)."""
-        async for item in self._visible(run, "list_buildings", {"name": building.name}):
-            if not isinstance(item, ToolOutcome):
-                yield item
+        """The building's visible step (its details and rooms); then its rooms."""
+        run.entities.add("building", building.entity_id)
         rooms: list[NamedEntity] = []
         async for item in self._visible(run, "get_building", {"building_id": building.entity_id}):
             if not isinstance(item, ToolOutcome):

@@ -60,7 +60,7 @@ async def test_a_named_building_is_resolved_before_the_model_is_called(
 
     names = [c.name for c in answer.tool_calls]
     assert names == ["list_buildings", "get_building", "get_room_occupancy"]
-    assert answer.tool_calls[0].arguments == {"name": "Harbor Warehouse"}
+    assert answer.tool_calls[0].arguments == {}  # the lookup that found the name
     assert answer.tool_calls[1].arguments == {"building_id": "bld-northwind-harbor"}
     assert set(answer.tool_calls[2].arguments["room_ids"]) == set(HARBOR_ROOMS)
     assert all(c.ok for c in answer.tool_calls)
