@@ -150,6 +150,7 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
+    from tests.embedding_cache import CachedEmbedder
 
     _ensure_server()
     name = f"t_docs_{uuid.uuid4().hex[:10]}"
@@ -158,17 +159,22 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     await asyncio.to_thread(migrate, url, 384)
     settings = Settings(agent_service_home=TEST_HOME)
     roots = [(PROJECT_ROOT / p, acl) for p, acl in settings.doc_root_acls]
+    # MiniLM's vectors for these chunks are kept between sessions (tests/embedding_cache.py):
+    # the ingest runs for real, without repeating a few hundred forward passes.
+    embedder = CachedEmbedder(minilm, TEST_HOME / "embedding-cache")  # type: ignore[arg-type]
     store = await PgDocumentStore.connect(url, embedding_dim=384, max_size=2)
     try:
         report = await run_ingest(
             store,
             settings,
             IngestOptions(roots=roots, executor="local", max_tokens=200),
-            embedder=minilm,  # type: ignore[arg-type]
+            embedder=embedder,
         )
         assert report.skipped == 0, report.skip_reasons
     finally:
         await store.close()
+    await asyncio.to_thread(embedder.check_against_model)
+    embedder.save()
     yield url
     await _drop_database(pg_admin_url, name)
 
