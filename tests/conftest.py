@@ -130,6 +130,18 @@ def minilm() -> object:
     return SentenceTransformerEmbedder("all-MiniLM-L6-v2")
 
 
+@pytest.fixture(scope="session")
+def cached_minilm(minilm: object) -> Iterator[object]:
+    """``minilm`` with its vectors kept between sessions (``tests/embedding_cache.py``): the
+    same vectors, without repeating forward passes for texts embedded before. For inputs that
+    recur from session to session (the sample documentation's chunks, fixed questions)."""
+    from tests.embedding_cache import CachedEmbedder
+
+    embedder = CachedEmbedder(minilm, TEST_HOME / "embedding-cache")  # type: ignore[arg-type]
+    yield embedder
+    embedder.save()
+
+
 @pytest.fixture
 def settings_factory(tmp_path: Path) -> object:
     from foundation.settings import Settings
@@ -143,14 +155,13 @@ def settings_factory(tmp_path: Path) -> object:
 
 
 @pytest.fixture(scope="session")
-async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[str]:
+async def sample_docs_url(pg_admin_url: str, cached_minilm: Any) -> AsyncIterator[str]:
     """A database holding the sample documentation/ tree, ingested once per test session with
     the folder ACLs from the default DOC_ROOTS. Tests only read it."""
     from foundation.database import migrate, with_database
     from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
-    from tests.embedding_cache import CachedEmbedder
 
     _ensure_server()
     name = f"t_docs_{uuid.uuid4().hex[:10]}"
@@ -161,7 +172,7 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     roots = [(PROJECT_ROOT / p, acl) for p, acl in settings.doc_root_acls]
     # MiniLM's vectors for these chunks are kept between sessions (tests/embedding_cache.py):
     # the ingest runs for real, without repeating a few hundred forward passes.
-    embedder = CachedEmbedder(minilm, TEST_HOME / "embedding-cache")  # type: ignore[arg-type]
+    embedder = cached_minilm
     store = await PgDocumentStore.connect(url, embedding_dim=384, max_size=2)
     try:
         report = await run_ingest(
@@ -174,7 +185,7 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     finally:
         await store.close()
     await asyncio.to_thread(embedder.check_against_model)
-    embedder.save()
+    embedder.save()  # now, too: a session that fails later keeps what it computed
     yield url
     await _drop_database(pg_admin_url, name)
 
