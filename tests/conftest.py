@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -53,6 +54,19 @@ def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 TEST_HOME = Path(os.environ.get("AGENT_SERVICE_TEST_HOME", "/tmp/agent-service-tests"))
+
+
+def _cache_bytecode() -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE=1`` every session compiled the project and re-ran
+    pytest's assertion rewriting of every test module from source: about half of collection.
+    Their bytecode now goes to the test home (``sys.pycache_prefix``), never into the source
+    tree, and is reused by later sessions. ``AGENT_SERVICE_TEST_BYTECODE=0`` turns this off."""
+    if sys.dont_write_bytecode and os.environ.get("AGENT_SERVICE_TEST_BYTECODE") != "0":
+        sys.pycache_prefix = str(TEST_HOME / "pycache")
+        sys.dont_write_bytecode = False
+
+
+_cache_bytecode()
 
 
 @pytest.fixture(scope="session")
