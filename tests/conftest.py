@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -56,6 +57,19 @@ def _no_real_provider(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 TEST_HOME = Path(os.environ.get("AGENT_SERVICE_TEST_HOME", "/tmp/agent-service-tests"))
+
+
+def _cache_bytecode() -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE=1`` every session compiled the project and re-ran
+    pytest's assertion rewriting of every test module from source: about half of collection.
+    Their bytecode now goes to the test home (``sys.pycache_prefix``), never into the source
+    tree, and is reused by later sessions. ``AGENT_SERVICE_TEST_BYTECODE=0`` turns this off."""
+    if sys.dont_write_bytecode and os.environ.get("AGENT_SERVICE_TEST_BYTECODE") != "0":
+        sys.pycache_prefix = str(TEST_HOME / "pycache")
+        sys.dont_write_bytecode = False
+
+
+_cache_bytecode()
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +147,18 @@ def minilm() -> object:
     return SentenceTransformerEmbedder("all-MiniLM-L6-v2")
 
 
+@pytest.fixture(scope="session")
+def cached_minilm(minilm: object) -> Iterator[object]:
+    """``minilm`` with its vectors kept between sessions (``tests/embedding_cache.py``): the
+    same vectors, without repeating forward passes for texts embedded before. For inputs that
+    recur from session to session (the sample documentation's chunks, fixed questions)."""
+    from tests.embedding_cache import CachedEmbedder
+
+    embedder = CachedEmbedder(minilm, TEST_HOME / "embedding-cache")  # type: ignore[arg-type]
+    yield embedder
+    embedder.save()
+
+
 @pytest.fixture
 def settings_factory(tmp_path: Path) -> object:
     from foundation.settings import Settings
@@ -146,7 +172,7 @@ def settings_factory(tmp_path: Path) -> object:
 
 
 @pytest.fixture(scope="session")
-async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[str]:
+async def sample_docs_url(pg_admin_url: str, cached_minilm: Any) -> AsyncIterator[str]:
     """A database holding the sample documentation/ tree, ingested once per test session with
     the folder ACLs from the default DOC_ROOTS. Tests only read it."""
     from foundation.database import migrate, with_database
@@ -161,17 +187,22 @@ async def sample_docs_url(pg_admin_url: str, minilm: object) -> AsyncIterator[st
     await asyncio.to_thread(migrate, url, 384)
     settings = Settings(agent_service_home=TEST_HOME)
     roots = [(PROJECT_ROOT / p, acl) for p, acl in settings.doc_root_acls]
+    # MiniLM's vectors for these chunks are kept between sessions (tests/embedding_cache.py):
+    # the ingest runs for real, without repeating a few hundred forward passes.
+    embedder = cached_minilm
     store = await PgDocumentStore.connect(url, embedding_dim=384, max_size=2)
     try:
         report = await run_ingest(
             store,
             settings,
             IngestOptions(roots=roots, executor="local", max_tokens=200),
-            embedder=minilm,  # type: ignore[arg-type]
+            embedder=embedder,
         )
         assert report.skipped == 0, report.skip_reasons
     finally:
         await store.close()
+    await asyncio.to_thread(embedder.check_against_model)
+    embedder.save()  # now, too: a session that fails later keeps what it computed
     yield url
     await _drop_database(pg_admin_url, name)
 

@@ -236,9 +236,10 @@ async def make_agent(
 
 # --- in-process: the fake model port, the simulators over ASGI, no sockets ---------------------
 # For the loop and tool tests: ``agent.testing.ScriptedModel`` instead of the HTTP scripted
-# server, and twin/sensor apps reached through ``httpx.ASGITransport``. Modules that use these
-# add ``pytestmark = pytest.mark.usefixtures("no_sockets")``; a test that still needs the wire
-# (a transport fault, the HTTP adapter) says so with ``@pytest.mark.allow_sockets``.
+# server, and twin/sensor apps reached through ``httpx.ASGITransport``. Every test here runs
+# under ``no_sockets`` (``_sockets_guard``, autouse): a test or module that needs the wire (the
+# HTTP adapter, a transport fault, timings of real round trips, PostgreSQL) says so with
+# ``@pytest.mark.allow_sockets`` and why.
 
 LOCAL_TWIN_URL = "http://twin.in-process"
 LOCAL_SENSOR_URL = "http://sensor.in-process"
@@ -261,6 +262,13 @@ def no_sockets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _sockets_guard(request: pytest.FixtureRequest) -> None:
+    """``no_sockets`` for every test of tests/agent but those marked ``allow_sockets``."""
+    if not request.node.get_closest_marker("allow_sockets"):
+        request.getfixturevalue("no_sockets")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""docs/adding-a-tool.md stays true: its worked example runs against the simulators and, with
-nothing but the class and the registry line, reaches the prompt and the step schema."""
+"""docs/adding-a-tool.md stays true: its worked example runs against the simulators (in
+process, over ASGI) and, with nothing but the class and the registry line, reaches the prompt
+and the step schema."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ def example_tool() -> type[Tool[Any]]:
     return tool
 
 
-async def test_worked_example_runs(make_ctx: Callable[..., ToolContext], world: World) -> None:
+async def test_worked_example_runs(
+    make_local_ctx: Callable[..., ToolContext], world: World
+) -> None:
     tool = example_tool()
     registry = ToolRegistry([tool()])
     assert registry.specs()[0].parameters["required"] == ["building_id"]
-    ctx = make_ctx(NORTHWIND_STAFF)
+    ctx = make_local_ctx(NORTHWIND_STAFF)
 
     async def run(building_id: str) -> Any:
         arguments = json.dumps({"building_id": building_id})

@@ -27,8 +27,6 @@ RETRIEVED = {
     OTHER: ChunkInfo("developer/sensors.md", None, "Sensors report " + "readings " * 60),
 }
 
-pytestmark = pytest.mark.usefixtures("no_sockets")
-
 
 def test_extract_citations_resolves_dedupes_and_strips() -> None:
     answer = (

@@ -50,8 +50,6 @@ from local_world.world import World
 
 MakeCtx = Callable[..., ToolContext]
 
-pytestmark = pytest.mark.usefixtures("no_sockets")
-
 TRIES = 200
 WARMUP = 10
 ALPHA = 1e-3

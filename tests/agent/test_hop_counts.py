@@ -47,7 +47,8 @@ from serve_app.wiring import agent_config, retrieval_config
 from tests.pg_wire import SEARCH as ONE_SEARCH
 from tests.pg_wire import WireLog, log_pool
 
-pytestmark = pytest.mark.integration
+# the scripted model over real HTTP and PostgreSQL: on the wire by design
+pytestmark = [pytest.mark.integration, pytest.mark.allow_sockets]
 
 QUESTION = "How does the occupancy alert cooldown work?"
 SEARCH = {"query": "occupancy alert cooldown"}

@@ -58,7 +58,7 @@ from local_world.claims import HEADER
 from local_world.scripted_llm import ScriptedLLM
 from local_world.world import World, epoch_minute
 
-pytestmark = [pytest.mark.parametrize("mode", MODES), pytest.mark.usefixtures("no_sockets")]
+pytestmark = pytest.mark.parametrize("mode", MODES)
 
 MakeAgent = Callable[..., Agent]
 HARBOR_ROOMS = [

@@ -29,6 +29,10 @@ from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig
 from retrieval.store import Candidate
 
+# the real adapter over the HTTP scripted model server (its usage and model on the generation
+# spans) and an OTLP/HTTP collector on 127.0.0.1
+pytestmark = pytest.mark.allow_sockets
+
 QUESTION = "What is the zebra-cooldown of Harbor Warehouse alerts?"
 SEARCH_QUERY = "zebra-cooldown alerts"
 CHUNK_TEXT = "The quokka-secret cooldown is 15 minutes for occupancy alerts."

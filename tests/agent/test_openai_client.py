@@ -42,6 +42,9 @@ from local_world.scripted_llm import ScriptedLLM
 from local_world.servers import run_in_thread
 from serve_app.wiring import build_llm_client
 
+# the OpenAI-compatible adapter against the HTTP scripted model server: the wire is the subject
+pytestmark = pytest.mark.allow_sockets
+
 TOOLS = (
     ToolSpec(
         name="get_room_occupancy",

@@ -55,7 +55,9 @@ from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import World
 
-pytestmark = pytest.mark.parametrize("mode", MODES)
+# what the real adapter puts on the wire (role: tool messages, json_schema result lines) is
+# under test, read back from the HTTP scripted model server
+pytestmark = [pytest.mark.parametrize("mode", MODES), pytest.mark.allow_sockets]
 
 MakeAgent = Callable[..., Agent]
 

@@ -27,8 +27,6 @@ from serve_app.wiring import build_agent, local_tool_executor
 
 MakeCtx = Callable[..., ToolContext]
 
-pytestmark = pytest.mark.usefixtures("no_sockets")
-
 
 class EchoArgs(BaseModel):
     text: str = Field(description="What to echo.")

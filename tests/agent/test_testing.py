@@ -37,8 +37,6 @@ from agent.testing import (
 from agent.tools.executor import ToolRequest
 from agent.tools.registry import ToolOutcome
 
-pytestmark = pytest.mark.usefixtures("no_sockets")
-
 
 def ask(text: str, model: str | None = None) -> ChatRequest:
     return ChatRequest(messages=(Message("system", "be brief"), Message("user", text)), model=model)

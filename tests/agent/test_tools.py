@@ -37,8 +37,6 @@ HARBOR_ROOMS = {
 
 MakeCtx = Callable[..., ToolContext]
 
-pytestmark = pytest.mark.usefixtures("no_sockets")
-
 
 async def call(
     registry: ToolRegistry, ctx: ToolContext, name: str, arguments: dict[str, Any] | str

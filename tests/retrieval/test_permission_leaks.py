@@ -818,7 +818,7 @@ def ask_world() -> Iterator[AskWorld]:
 
 @pytest.mark.parametrize("mode", ["native", "json_schema"])
 async def test_nothing_leaks_through_the_agent(
-    mode: str, ask_world: AskWorld, sample_docs_url: str, minilm: Any, tmp_path: Path
+    mode: str, ask_world: AskWorld, sample_docs_url: str, cached_minilm: Any, tmp_path: Path
 ) -> None:
     """Every FACTS.md test caller (plus an empty membership list and upper-case domains
     named like roles) asks each restricted page's question and paraphrase, as JSON and as
@@ -873,7 +873,10 @@ async def test_nothing_leaks_through_the_agent(
     model = ReactiveModel(inner, ask_world.state, mode)
     model.watch = watch
     authorizer = load_authorizer()
-    backend = build_local_backend(settings_, authorizer=authorizer, llm=model, embedder=minilm)
+    # MiniLM's vectors of these fixed questions are kept between sessions (the same vectors)
+    backend = build_local_backend(
+        settings_, authorizer=authorizer, llm=model, embedder=cached_minilm
+    )
     app = create_app(backend, settings_, authorizer)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
 
