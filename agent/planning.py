@@ -99,12 +99,27 @@ def compact_hits(question: str, hits: Sequence[SearchHit]) -> str:
     return json.dumps({"results": results}, ensure_ascii=False, separators=(",", ":"))
 
 
+def _reminder(question: str, decision: RouteDecision) -> str:
+    if decision.wants_docs and not decision.wants_live:
+        use = (
+            "Answer it from the documentation results above and list the chunk_id of each "
+            "result you used in sources."
+        )
+    else:
+        use = (
+            "Answer it from the results above: say plainly what they show (including that no "
+            "sensor is installed, or that a reading is missing or offline)."
+        )
+    return f"The question was: {question}\n{use} Call another tool only if you still need data."
+
+
 class Planner:
     """Builds the ``Plan`` of one run and adds its visible steps to the run."""
 
     def __init__(self, tools: ToolExecutor) -> None:
         self.tools = tools
         self._calls = 0
+        self._steps: list[tuple[ToolCall, Message]] = []  # visible steps not yet in messages
 
     async def plan(
         self, run: Run, question: str, specs: Sequence[ToolSpec]
@@ -149,6 +164,7 @@ class Planner:
                 yield event
         if decision.wants_docs and search is not None and hits:
             yield self._show_docs(run, search, question)
+        self._flush(run, question, decision)
         yield Plan(decision, self._offered(decision, specs))
 
     # --- the lookups --------------------------------------------------------------------------
@@ -192,13 +208,22 @@ class Planner:
 
     def _record(self, run: Run, outcome: ToolOutcome, content: str) -> ToolEvent:
         call = ToolCall(outcome.call_id, outcome.name, json.dumps(outcome.arguments))
-        run.messages.append(Message("assistant", None, tool_calls=(call,)))
-        run.messages.append(
-            Message("tool", content, tool_call_id=outcome.call_id, name=outcome.name)
-        )
+        self._steps.append((call, Message("tool", content, tool_call_id=call.id, name=call.name)))
         trace = tool_trace(outcome)
         run.traces.append(trace)
         return ToolEvent(call=trace)
+
+    def _flush(self, run: Run, question: str, decision: RouteDecision) -> None:
+        """The visible steps as ONE assistant turn and its results (one results block for
+        the model, fewer tokens), then the question again: a small model that reads long
+        results forgets what was asked and answers IDK."""
+        if not self._steps:
+            return
+        calls = tuple(call for call, _ in self._steps)
+        run.messages.append(Message("assistant", None, tool_calls=calls))
+        run.messages.extend(result for _, result in self._steps)
+        run.messages.append(Message("user", _reminder(question, decision)))
+        self._steps.clear()
 
     async def _ground(
         self, run: Run, building: NamedEntity

@@ -68,7 +68,9 @@ async def test_a_named_building_is_resolved_before_the_model_is_called(
     first = model.requests[0]
     assert set(first.choices["room"]) == set(HARBOR_ROOMS)
     assert first.choices["building"] == ("bld-northwind-harbor",)
-    assert '"occupancy"' in (first.messages[-1].content or "")  # the result is shown
+    assert '"occupancy"' in (first.messages[-2].content or "")  # the result is shown
+    reminder = first.messages[-1]  # then the question again, after the long results
+    assert reminder.role == "user" and "How busy is Harbor Warehouse" in (reminder.content or "")
     branches = tool_branches(first)
     assert "search_docs" not in branches  # live data: no documentation tool
     room_ids = branches["get_room_occupancy"]["properties"]["room_ids"]
@@ -199,7 +201,7 @@ async def test_a_documentation_question_gets_a_compact_search_up_front(
     assert request.choices["chunk"] == ("c-stale", "c-other", "c-third")
     assert not has_decline(request)  # a documented token: never declined as off-topic
     assert [spec.name for spec in request.tools] == ["search_docs"]
-    shown = json.loads(request.messages[-1].content or "")
+    shown = json.loads(request.messages[-2].content or "")
     texts = [result["text"] for result in shown["results"]]
     assert "900 seconds" in texts[0] and len(texts[0]) < 600  # trimmed to what matches
     assert answer.retrieval.chunk_ids == ["c-stale", "c-other", "c-third"]
