@@ -59,8 +59,7 @@ ask: install
 run: serve ask
 	@echo
 	@echo "The service keeps running. Try: .venv/bin/agent-service ask 'What does error code CV-E1033 mean?'"
-	@echo "(The local 1.5B model handles documentation questions; for reliable multi-step live-data"
-	@echo " questions such as 'How busy is Harbor Warehouse?', set OPENROUTER_API_KEY: see README.)"
+	@echo "Live data too: .venv/bin/agent-service ask 'How busy is Harbor Warehouse right now?'"
 	@echo "Stop everything with: make stop"
 
 stop:
