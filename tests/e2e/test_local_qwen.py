@@ -52,6 +52,9 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
             "DATABASE_URL": sample_docs_url,
             "LLM_BASE_URL": f"http://127.0.0.1:{port}/llm/v1",
             "TOOL_CALLING_MODE": "json_schema",
+            # The first question reads the whole prompt on a cold model (2 shared cores): give
+            # it the client's 300 s instead of the service's default 170 s deadline.
+            "ASK_TIMEOUT_SECONDS": "280",
             "ANSWER_MODEL": "qwen2.5-coder-1.5b-instruct",
             "LOCAL_LLM_MODEL_PATH": str(model),
             "LOCAL_LLM_THREADS": "1",
