@@ -38,7 +38,14 @@ from agent.entities import NamedEntity, match_names, named_entities
 from agent.intents import live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
-from agent.routing import RouteDecision, RouteSignals, best_coverage, doc_tokens, is_greeting
+from agent.routing import (
+    RouteDecision,
+    RouteSignals,
+    best_coverage,
+    coverage,
+    doc_tokens,
+    is_greeting,
+)
 from agent.routing import route as decide_route
 from agent.run_state import Run, tool_trace
 from agent.tools.executor import ToolExecutor
@@ -73,7 +80,7 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
         return " ".join(sentences)
     ranked = sorted(
         range(len(sentences)),
-        key=lambda i: (-best_coverage(question, [sentences[i]]), i),
+        key=lambda i: (-coverage(question, sentences[i]), i),
     )
     keep: list[int] = []
     used = 0
