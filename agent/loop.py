@@ -150,6 +150,25 @@ class Agent:
 
     # --- public API ---------------------------------------------------------------------------
 
+    async def warm_up(self) -> bool:
+        """Read the static prompt prefix (system prompt, tool schemas, examples) into the model
+        server's prompt cache with a one-token reply, so the first question does not pay for
+        it (about 1,600 tokens: 40-80 s on two cores). Only where the loop plans first (the
+        local model in ``json_schema`` mode): a provider that bills prompt tokens is not
+        called. False when skipped or when the model did not answer."""
+        if not self.plans_first:
+            return False
+        system = Message("system", self.prompt.render(self.mode, self.tools.specs()))
+        request = ChatRequest(messages=(system, Message("user", "Hello!")), max_output_tokens=1)
+        try:
+            await self.llm.chat(request)
+        except MalformedReply:
+            pass  # one token is never a whole step; the prefix is cached all the same
+        except LLMError as exc:
+            log.info("prompt warm-up: the model did not answer (%s)", exc)
+            return False
+        return True
+
     async def answer(
         self,
         question: str,
@@ -237,7 +256,7 @@ class Agent:
             trace_id=trace.trace_id,
         )
         plan: Plan | None = None
-        if self._plans_first():
+        if self.plans_first:
             async for item in Planner(self.tools).plan(run, question, specs):
                 if isinstance(item, Plan):
                     plan = item
@@ -290,7 +309,9 @@ class Agent:
             yield TokenEvent(text=text)
         yield DoneEvent(response=run.response(text, "tool_loop_exhausted", idk=True))
 
-    def _plans_first(self) -> bool:
+    @property
+    def plans_first(self) -> bool:
+        """Whether runs start with the deterministic plan (``PLAN_FIRST``; auto: json_schema)."""
         plan_first = self.config.plan_first
         return self.mode == "json_schema" if plan_first is None else plan_first
 

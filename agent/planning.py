@@ -57,7 +57,8 @@ __all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
 
 MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
 DOC_HITS_SHOWN = 3  # chunks of the up-front search the model sees
-SNIPPET_CHARS = 360  # per chunk, after trimming to the matching sentences (prompt tokens)
+SNIPPET_CHARS = 360  # the best chunk, after trimming to the matching sentences (prompt tokens)
+RUNNER_UP_CHARS = 200  # each further chunk: usually context, rarely the answer
 
 LIVE_KINDS = ("building", "room")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -74,17 +75,20 @@ class Plan:
 
 
 def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
-    """The chunk's sentences that share most words with the question, in their order."""
+    """The chunk's sentences that match the question best (at least half the best match),
+    each with the sentence after it (where an explanation usually follows its keyword), in
+    their order, within ``limit`` characters; the opening sentences when none matches."""
     sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
     if sum(len(s) + 1 for s in sentences) <= limit:
         return " ".join(sentences)
-    ranked = sorted(
-        range(len(sentences)),
-        key=lambda i: (-coverage(question, sentences[i]), i),
-    )
+    scores = [coverage(question, sentence) for sentence in sentences]
+    best = max(scores)
+    ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))
+    matching = [i for i in ranked if best > 0 and scores[i] >= best / 2] or [0]
+    wanted = [j for i in matching for j in (i, i + 1) if j < len(sentences)]
     keep: list[int] = []
     used = 0
-    for index in ranked:
+    for index in dict.fromkeys(wanted):
         if used + len(sentences[index]) > limit and keep:
             continue
         keep.append(index)
@@ -93,29 +97,28 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
 
 
 def compact_hits(question: str, hits: Sequence[SearchHit]) -> str:
-    """The search result the model sees: the best chunks, trimmed, with their ids."""
-    results = [
-        {
-            "chunk_id": hit.chunk_id,
-            "source": hit.source,
-            "section": hit.section,
-            "text": _trim(question, hit.text),
-        }
-        for hit in hits[:DOC_HITS_SHOWN]
+    """The search result the model sees: the best chunks, trimmed, each on one line after its
+    id and section (plain text: JSON quoting would cost a small model's prompt ~15 tokens a
+    chunk)."""
+    lines = [
+        f"[{hit.chunk_id}] {hit.section}: "
+        f"{_trim(question, hit.text, SNIPPET_CHARS if rank == 0 else RUNNER_UP_CHARS)}"
+        for rank, hit in enumerate(hits[:DOC_HITS_SHOWN])
     ]
-    return json.dumps({"results": results}, ensure_ascii=False, separators=(",", ":"))
+    return "\n".join(lines) if lines else "No documentation matched."
 
 
 def _reminder(question: str, decision: RouteDecision) -> str:
     if decision.wants_docs and not decision.wants_live:
         use = (
-            "Answer it from the documentation results above and list the chunk_id of each "
-            "result you used in sources."
+            "Answer it in one or two sentences from the results above; sources: the id in "
+            "brackets of each result you used."
         )
     else:
         use = (
-            "Answer it from the results above: say plainly what they show (including that no "
-            "sensor is installed, or that a reading is missing or offline)."
+            "Answer it in one or two sentences from the results above: say plainly what they "
+            "show (including that no sensor is installed, or that a reading is missing or "
+            "offline)."
         )
     return f"The question was: {question}\n{use} Call another tool only if you still need data."
 

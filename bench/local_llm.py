@@ -343,7 +343,9 @@ def main() -> None:
         default=None,
         help="packaged model name (default LOCAL_LLM_MODEL_NAME or qwen2.5-coder-1.5b-instruct)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="default LOCAL_LLM_THREADS (1)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="default LOCAL_LLM_THREADS (the cores, at most 2)"
+    )
     parser.add_argument("--batch-threads", type=int, default=None, help="default = --threads")
     parser.add_argument("--context", type=int, default=None, help="default LOCAL_LLM_CONTEXT")
     parser.add_argument("--ask-url", help="agent API base URL: also measure /ask TTFT")

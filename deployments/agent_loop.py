@@ -3,8 +3,10 @@ HTTP and runs tools through the ``ToolProxy`` deployment."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,10 +17,11 @@ from ray.serve.handle import DeploymentHandle
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
 from agent.llm.base import ToolCall, ToolSpec
-from agent.tools.executor import ToolRequest
+from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
 from deployments.metrics import RayServeMetrics
 from foundation.identity import AuthUser
+from foundation.settings import Settings
 from foundation.tracing import use_context
 from serve_app.metrics import MetricsSink, answer_measurements
 from serve_app.readiness import ReadinessCheck, provider_check
@@ -76,6 +79,27 @@ def _unavailable(call: ToolCall, started: float) -> ToolOutcome:
     )
 
 
+WARM_UP_ATTEMPTS = 6  # the local model's app may still be loading when this replica starts
+WARM_UP_PAUSE_SECONDS = 10.0
+
+
+def warm_prompt_cache(settings: Settings, tools: ToolExecutor) -> bool:
+    """``Agent.warm_up`` in a thread of its own, with its own client and event loop (an SDK
+    client is bound to the loop it first ran on), retried while the model is not up yet.
+    ``tools`` only lends its specs: a warm-up runs no tool."""
+    agent = build_agent(settings, llm=build_llm_client(settings), tools=tools)
+    if not agent.plans_first:
+        return False
+    for attempt in range(WARM_UP_ATTEMPTS):
+        if attempt:
+            time.sleep(WARM_UP_PAUSE_SECONDS)
+        started = time.perf_counter()
+        if asyncio.run(agent.warm_up()):
+            log.info("prompt warm-up: done in %.1f s", time.perf_counter() - started)
+            return True
+    return False
+
+
 @serve.deployment(
     name="AgentLoop",
     ray_actor_options={"num_cpus": 0.1},
@@ -93,6 +117,12 @@ class AgentLoopDeployment:
             llm=build_llm_client(settings),
             tools=HandleToolExecutor(tool_proxy, tool_registry(settings).specs()),
         )
+        threading.Thread(
+            target=warm_prompt_cache,
+            args=(settings, self.agent.tools),
+            name="prompt-warm-up",
+            daemon=True,
+        ).start()
 
     async def answer(
         self,

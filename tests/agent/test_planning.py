@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from agent_helpers import NORTHWIND_STAFF, FakeRetriever, hit, mesh_user
 
-from agent.llm.base import ChatRequest, ChatResult
+from agent.llm.base import ChatRequest, ChatResult, MalformedReply, ProviderUnavailable
 from agent.llm.json_schema_mode import step_schema
 from agent.loop import Agent
 from agent.testing import FunctionModel, ScriptedModel, text_reply, tool_call, tool_calls_reply
@@ -201,9 +201,10 @@ async def test_a_documentation_question_gets_a_compact_search_up_front(
     assert request.choices["chunk"] == ("c-stale", "c-other", "c-third")
     assert not has_decline(request)  # a documented token: never declined as off-topic
     assert [spec.name for spec in request.tools] == ["search_docs"]
-    shown = json.loads(request.messages[-2].content or "")
-    texts = [result["text"] for result in shown["results"]]
-    assert "900 seconds" in texts[0] and len(texts[0]) < 600  # trimmed to what matches
+    lines = (request.messages[-2].content or "").splitlines()
+    assert [line.split("]")[0] for line in lines] == ["[c-stale", "[c-other", "[c-third"]
+    assert "900 seconds" in lines[0] and len(lines[0]) < 600  # trimmed to what matches
+    assert "Unrelated sentence" not in lines[0]
     assert answer.retrieval.chunk_ids == ["c-stale", "c-other", "c-third"]
 
 
@@ -230,3 +231,51 @@ async def test_native_mode_keeps_the_plain_loop_by_default(make_local_agent: Any
     assert answer.tool_calls == []
     assert requests[0].choices == {} and requests[0].allow_refusal
     assert len(requests[0].tools) == 8
+
+
+async def test_warm_up_sends_the_static_prefix_once_with_a_one_token_reply(
+    make_local_agent: Any,
+) -> None:
+    requests: list[ChatRequest] = []
+
+    def reply(request: ChatRequest) -> ChatResult:
+        requests.append(request)
+        raise MalformedReply("one token is not a step")
+
+    model = FunctionModel(reply, tool_calling_mode="json_schema")
+    agent: Agent = make_local_agent(model, plan_first="auto")
+    asked: list[ChatRequest] = []
+
+    assert await agent.warm_up() is True
+    (request,) = requests
+    assert request.max_output_tokens == 1
+    assert [m.role for m in request.messages] == ["system", "user"]
+
+    # The same system message a question gets, so the server's prompt cache serves both.
+    def answer_hello(request: ChatRequest) -> ChatResult:
+        asked.append(request)
+        return text_reply("Hello!")
+
+    answer_model = FunctionModel(answer_hello, tool_calling_mode="json_schema")
+    await make_local_agent(answer_model, plan_first="auto").answer("Hello!", ACME_STAFF)
+    assert asked[0].messages[0] == request.messages[0]
+
+
+async def test_warm_up_never_calls_a_provider_in_native_mode(make_local_agent: Any) -> None:
+    requests: list[ChatRequest] = []
+
+    def record(request: ChatRequest) -> ChatResult:
+        requests.append(request)
+        return text_reply("x")
+
+    model = FunctionModel(record)
+    assert await make_local_agent(model, plan_first="auto").warm_up() is False
+    assert requests == []
+
+
+async def test_warm_up_reports_a_model_that_is_not_up(make_local_agent: Any) -> None:
+    def down(request: ChatRequest) -> ChatResult:
+        raise ProviderUnavailable("connection refused")
+
+    model = FunctionModel(down, tool_calling_mode="json_schema")
+    assert await make_local_agent(model, plan_first="auto").warm_up() is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ def test_defaults() -> None:
     assert settings.model_path is None
     assert settings.model_name == "qwen2.5-coder-1.5b-instruct"
     assert (settings.context, settings.parallel, settings.route_prefix) == (4096, 1, "/llm")
-    assert (settings.threads, settings.effective_batch_threads) == (1, 1)
+    cores = min(2, len(os.sched_getaffinity(0)))
+    assert (settings.threads, settings.effective_batch_threads) == (cores, cores)
     assert settings.models_dir == Path(".agent-service/models")
 
 
