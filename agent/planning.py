@@ -96,14 +96,14 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
     return " ".join(sentences[i] for i in sorted(keep))[: limit + 40]
 
 
-def compact_hits(question: str, hits: Sequence[SearchHit]) -> str:
+def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]) -> str:
     """The search result the model sees: the best chunks, trimmed, each on one line after its
-    id and section (plain text: JSON quoting would cost a small model's prompt ~15 tokens a
-    chunk)."""
+    label and section (plain text: JSON quoting would cost a small model's prompt ~15 tokens
+    a chunk; a label is cited in one token, an id in about seven)."""
     lines = [
-        f"[{hit.chunk_id}] {hit.section}: "
+        f"[{label}] {hit.section}: "
         f"{_trim(question, hit.text, SNIPPET_CHARS if rank == 0 else RUNNER_UP_CHARS)}"
-        for rank, hit in enumerate(hits[:DOC_HITS_SHOWN])
+        for rank, (hit, label) in enumerate(zip(hits[:DOC_HITS_SHOWN], labels, strict=False))
     ]
     return "\n".join(lines) if lines else "No documentation matched."
 
@@ -111,8 +111,8 @@ def compact_hits(question: str, hits: Sequence[SearchHit]) -> str:
 def _reminder(question: str, decision: RouteDecision) -> str:
     if decision.wants_docs and not decision.wants_live:
         use = (
-            "Answer it in one or two sentences from the results above; sources: the id in "
-            "brackets of each result you used."
+            "Answer it in one or two sentences from the results above; sources: the number "
+            "in brackets of each result you used."
         )
     else:
         use = (
@@ -286,10 +286,14 @@ class Planner:
         shown (the only ones the answer may cite)."""
         shown = list(search.chunks[:DOC_HITS_SHOWN])
         run.seen_chunks.add(shown)
+        labels = []
         for hit in shown:
             run.entities.add("chunk", hit.chunk_id)
+            label = str(len(run.source_labels) + 1)
+            run.source_labels[label] = hit.chunk_id
+            labels.append(label)
         visible = dataclasses.replace(search, chunks=tuple(shown))
-        return self._record(run, visible, compact_hits(question, shown))
+        return self._record(run, visible, compact_hits(question, shown, labels))
 
     @staticmethod
     def _offered(decision: RouteDecision, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
@@ -315,4 +319,5 @@ def hop_request(
         model=model,
         choices=run.entities.choices(plan.constrained_kinds),
         allow_refusal=plan.decision.allow_refusal,
+        source_labels=dict(run.source_labels),
     )

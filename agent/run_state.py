@@ -69,6 +69,7 @@ class Run:
     malformed: int = 0
     seen_chunks: ChunkSink = field(default_factory=ChunkSink)
     entities: KnownEntities = field(default_factory=KnownEntities)  # ids resolved so far
+    source_labels: dict[str, str] = field(default_factory=dict)  # label -> chunk id shown
     trace_id: str | None = None
     ungrounded: list[str] = field(default_factory=list)  # claims a rejected answer made
 

@@ -124,6 +124,10 @@ class ChatRequest:
     # is absent is unconstrained.
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     allow_refusal: bool = True  # False: this call may not decline as out of scope
+    # Short labels the model may cite instead of chunk ids (label -> chunk id): "1" costs a
+    # small model one output token where a 12-character id costs about seven. A mode that
+    # uses them maps every cited label back to its id before anything else sees it.
+    source_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class LLMError(Exception):

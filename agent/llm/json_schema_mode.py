@@ -163,12 +163,15 @@ def constrain_arguments(
     return {**arguments, "properties": properties}
 
 
-def _sources_schema(choices: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+def _sources_schema(
+    choices: Mapping[str, tuple[str, ...]], source_labels: Mapping[str, str]
+) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "array", "items": {"type": "string"}, "maxItems": 8}
     if "chunk" in choices:
-        shown = choices["chunk"]
+        label_of = {chunk_id: label for label, chunk_id in source_labels.items()}
+        shown = [label_of.get(chunk_id, chunk_id) for chunk_id in choices["chunk"]]
         if shown:
-            schema["items"] = {"type": "string", "enum": list(shown)}
+            schema["items"] = {"type": "string", "enum": list(dict.fromkeys(shown))}
         else:
             schema = {"type": "array", "maxItems": 0}
     return schema
@@ -179,12 +182,14 @@ def step_schema(
     choices: Mapping[str, tuple[str, ...]] | None = None,
     *,
     allow_refusal: bool = True,
+    source_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``oneOf`` schema of one agent step: a branch per tool, then final_answer, decline
     and idk. Every branch lists ``reason`` first (llama.cpp keeps property order).
 
     ``choices`` (``ChatRequest.choices``) limits entity ids and ``sources`` to what this
-    request has resolved; ``allow_refusal=False`` leaves the decline branch out."""
+    request has resolved (a chunk with a label in ``source_labels`` is cited by its label);
+    ``allow_refusal=False`` leaves the decline branch out."""
     choices = choices or {}
     branches = []
     definitions: dict[str, Any] = {}
@@ -202,7 +207,12 @@ def step_schema(
     # Small models rarely write inline [^id] markers; a sources list after the answer is a
     # slot they fill reliably. parse_step turns it into markers (validated like any other).
     branches.append(
-        _branch({"final_answer": {"type": "string"}, "sources": _sources_schema(choices)})
+        _branch(
+            {
+                "final_answer": {"type": "string"},
+                "sources": _sources_schema(choices, source_labels or {}),
+            }
+        )
     )
     if allow_refusal:
         branches.append(_branch({"decline": {"type": "boolean", "const": True}}))
@@ -219,9 +229,10 @@ def response_format(
     strict: bool = False,
     choices: Mapping[str, tuple[str, ...]] | None = None,
     allow_refusal: bool = True,
+    source_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``response_format`` request field for this mode."""
-    schema = step_schema(tools, choices, allow_refusal=allow_refusal)
+    schema = step_schema(tools, choices, allow_refusal=allow_refusal, source_labels=source_labels)
     return {
         "type": "json_schema",
         "json_schema": {"name": SCHEMA_NAME, "strict": strict, "schema": schema},
@@ -445,17 +456,28 @@ def _strip_fences(text: str) -> str:
     return text.strip()
 
 
-def source_markers(answer: str, sources: object) -> str:
-    """`` [^id]`` markers for the listed sources the answer does not already cite."""
+def source_markers(
+    answer: str, sources: object, source_labels: Mapping[str, str] | None = None
+) -> str:
+    """`` [^id]`` markers for the listed sources the answer does not already cite (a label
+    of ``source_labels`` stands for its chunk id)."""
     if not isinstance(sources, list):
         return ""
+    labels = source_labels or {}
     markers = []
     for source in sources:
         if isinstance(source, str) and source.strip():
-            marker = f"[^{source.strip()}]"
+            marker = f"[^{labels.get(source.strip(), source.strip())}]"
             if marker not in answer and marker not in markers:
                 markers.append(marker)
     return (" " + " ".join(markers)) if markers else ""
+
+
+def _unlabel_markers(answer: str, source_labels: Mapping[str, str]) -> str:
+    """Inline ``[^label]`` markers the model wrote itself, as ``[^chunk id]``."""
+    for label, chunk_id in source_labels.items():
+        answer = answer.replace(f"[^{label}]", f"[^{chunk_id}]")
+    return answer
 
 
 def parse_step(
@@ -466,6 +488,7 @@ def parse_step(
     model: str,
     finish_reason: str | None,
     call_number: int,
+    source_labels: Mapping[str, str] | None = None,
 ) -> ChatResult:
     """One JSON step -> ChatResult. Raises MalformedReply for invalid JSON, no or several
     branch keys, an unknown tool, or wrongly typed values (the loop feeds that back)."""
@@ -516,7 +539,8 @@ def parse_step(
         answer = data["final_answer"]
         if not isinstance(answer, str):
             raise MalformedReply("final_answer must be a string")
-        return result("text", answer + source_markers(answer, data.get("sources")))
+        answer = _unlabel_markers(answer, source_labels or {})
+        return result("text", answer + source_markers(answer, data.get("sources"), source_labels))
     if data[branch] is not True:
         raise MalformedReply(f'"{branch}" must be true')
     if branch == "decline":
@@ -664,6 +688,7 @@ class JsonSchemaMode(ModeAdapter):
             strict=self._strict,
             choices=request.choices,
             allow_refusal=request.allow_refusal,
+            source_labels=request.source_labels,
         )
         return {"response_format": schema}
 
@@ -706,4 +731,5 @@ class JsonSchemaMode(ModeAdapter):
             model=meta.model,
             finish_reason=meta.finish_reason,
             call_number=prior_tool_calls(request.messages) + 1,
+            source_labels=request.source_labels,
         )

@@ -247,3 +247,37 @@ def test_sources_become_citation_markers_once() -> None:
     assert result.text == "Cooldown is 15 minutes [^aaa111]. [^bbb222]"
     assert source_markers("x", None) == ""
     assert source_markers("x", "not a list") == ""
+
+
+def test_source_labels_are_offered_and_cited_as_chunk_ids() -> None:
+    labels = {"1": "aaa111", "2": "bbb222"}
+    schema = step_schema([], {"chunk": ("aaa111", "bbb222", "ccc333")}, source_labels=labels)
+    (answer_branch,) = [b for b in schema["oneOf"] if "final_answer" in b["properties"]]
+    # A labelled chunk is offered by its label, an unlabelled one (a later search) by its id.
+    assert answer_branch["properties"]["sources"]["items"]["enum"] == ["1", "2", "ccc333"]
+
+    step = '{"reason": "docs", "final_answer": "It is 15 minutes [^2].", "sources": ["1", "2"]}'
+    result = parse_step(
+        step,
+        [],
+        usage=Usage(),
+        model="m",
+        finish_reason="stop",
+        call_number=1,
+        source_labels=labels,
+    )
+    assert result.text == "It is 15 minutes [^bbb222]. [^aaa111]"
+
+
+def test_a_user_turn_after_results_replaces_the_note_in_one_message() -> None:
+    wire = to_wire_messages(
+        [
+            Message("user", "q"),
+            Message("assistant", tool_calls=(ToolCall("c1", "a", "{}"),)),
+            Message("tool", "r1", tool_call_id="c1"),
+            Message("user", "The question was: q"),
+        ],
+        tool_result_note="Next step: ...",
+    )
+    assert wire[-1] == {"role": "user", "content": "Result of a (c1):\nr1\n\nThe question was: q"}
+    assert len(wire) == 3

@@ -202,7 +202,9 @@ async def test_a_documentation_question_gets_a_compact_search_up_front(
     assert not has_decline(request)  # a documented token: never declined as off-topic
     assert [spec.name for spec in request.tools] == ["search_docs"]
     lines = (request.messages[-2].content or "").splitlines()
-    assert [line.split("]")[0] for line in lines] == ["[c-stale", "[c-other", "[c-third"]
+    # Each chunk is shown under a one-token label; the answer still cites the chunk id.
+    assert [line.split("]")[0] for line in lines] == ["[1", "[2", "[3"]
+    assert request.source_labels == {"1": "c-stale", "2": "c-other", "3": "c-third"}
     assert "900 seconds" in lines[0] and len(lines[0]) < 600  # trimmed to what matches
     assert "Unrelated sentence" not in lines[0]
     assert answer.retrieval.chunk_ids == ["c-stale", "c-other", "c-third"]
