@@ -93,7 +93,19 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
             continue
         keep.append(index)
         used += len(sentences[index]) + 1
-    return " ".join(sentences[i] for i in sorted(keep))[: limit + 40]
+    return _clip(" ".join(sentences[i] for i in sorted(keep)), limit + 40)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut at the last word boundary within ``limit``, marked with an ellipsis: a
+    small model copies a snippet cut mid-word into its answer as it is."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    sentence_end = max(head.rfind(". "), head.rfind("; "))
+    if sentence_end > limit // 2:  # a whole clause or sentence is worth more than a fragment
+        return head[: sentence_end + 1] + " …"
+    return head.rsplit(" ", 1)[0].rstrip(" ,;:") + " …"
 
 
 def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]) -> str:

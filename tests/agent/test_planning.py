@@ -281,3 +281,12 @@ async def test_warm_up_reports_a_model_that_is_not_up(make_local_agent: Any) -> 
 
     model = FunctionModel(down, tool_calling_mode="json_schema")
     assert await make_local_agent(model, plan_first="auto").warm_up() is False
+
+
+def test_a_snippet_too_long_for_its_budget_ends_at_a_boundary_with_an_ellipsis() -> None:
+    from agent.planning import _clip
+
+    text = "No occupancy source: the room has no people counter. This is returned as 409 by"
+    assert _clip(text, 70) == "No occupancy source: the room has no people counter. …"
+    assert _clip("one two three four five six", 12) == "one two …"
+    assert _clip("short", 12) == "short"
