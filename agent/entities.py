@@ -25,6 +25,7 @@ __all__ = [
     "ENTITY_KEYS",
     "KnownEntities",
     "NamedEntity",
+    "ids_after_word",
     "ids_in_text",
     "match_names",
     "named_entities",
@@ -50,6 +51,13 @@ def ids_in_text(text: str) -> list[str]:
     for match in _ID_IN_TEXT.finditer(text):
         seen.setdefault(match.group(1).rstrip("-_"), None)
     return list(seen)
+
+
+def ids_after_word(text: str, word: str) -> list[str]:
+    """Ids the question introduces with ``word`` ("room room-12a", "in room rm-3"): the
+    question's own statement of what kind of id it typed."""
+    pattern = re.compile(rf"\b{re.escape(word)}\s+{_ID_IN_TEXT.pattern}", re.IGNORECASE)
+    return list(dict.fromkeys(m.group(1).rstrip("-_") for m in pattern.finditer(text)))
 
 
 @dataclass(frozen=True)

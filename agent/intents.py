@@ -31,7 +31,11 @@ _INVENTORY = re.compile(
     r"\b(which|what|any|installed|have|has|inventory|devices?)\b.*\bsensors?\b"
     r"|\bsensors?\b.*\b(installed|fitted|are there)\b"
 )
-_READING = re.compile(r"\b(reading|readings|reporting|right now|currently|current|level|now)\b")
+# "what is the temperature in X" asks for the current value as much as "current" does.
+_READING = re.compile(
+    r"\b(reading|readings|reporting|right now|currently|current|level|now|"
+    r"what is|what's|how high|how low)\b"
+)
 _HISTORY = re.compile(
     r"\b(history|trend|over the (last|past)|during the (last|past)|changed?|since)\b"
 )

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ProgressEvent, ToolEvent
-from agent.entities import NamedEntity, match_names, named_entities
+from agent.entities import NamedEntity, ids_after_word, match_names, named_entities
 from agent.intents import live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
@@ -135,6 +135,19 @@ def _reminder(question: str, decision: RouteDecision) -> str:
     return f"The question was: {question}\n{use} Call another tool only if you still need data."
 
 
+def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[NamedEntity]:
+    """The rooms the question names, then those it types as "room <id>" (one of the
+    grounded rooms, or else as typed: the tool answers an unknown or forbidden id with its
+    one not-found result)."""
+    found = list(match_names(question, rooms))
+    by_id = {room.entity_id: room for room in rooms}
+    for room_id in ids_after_word(question, "room"):
+        room = by_id.get(room_id, NamedEntity("room", room_id, room_id))
+        if room not in found:
+            found.append(room)
+    return found
+
+
 class Planner:
     """Builds the ``Plan`` of one run and adds its visible steps to the run."""
 
@@ -173,15 +186,16 @@ class Planner:
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
         yield ProgressEvent(stage="route", route=decision.route)
-        if decision.wants_live and named and lookup is not None:
-            yield self._traced_lookup(run, lookup)
+        if decision.wants_live:
             grounded: list[tuple[NamedEntity, list[NamedEntity]]] = []
-            for building in named[:MAX_GROUNDED]:
-                async for item in self._ground(run, building):
-                    if isinstance(item, list):
-                        grounded.append((building, item))
-                    else:
-                        yield item
+            if named and lookup is not None:
+                yield self._traced_lookup(run, lookup)
+                for building in named[:MAX_GROUNDED]:
+                    async for item in self._ground(run, building):
+                        if isinstance(item, list):
+                            grounded.append((building, item))
+                        else:
+                            yield item
             async for event in self._measure(run, question, grounded):
                 yield event
         if decision.wants_docs and search is not None and hits:
@@ -267,7 +281,7 @@ class Planner:
         rooms of the building, for occupancy); nothing when the intent is unclear."""
         intent = live_intent(question)
         all_rooms = [room for _, rooms in grounded for room in rooms]
-        named = match_names(question, all_rooms)[:MAX_GROUNDED]
+        named = _rooms_asked_about(question, all_rooms)[:MAX_GROUNDED]
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
             ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]

@@ -268,7 +268,10 @@ class Judge:
     async def grade_row(self, row: Row, answer: str) -> dict[str, JudgeOutcome]:
         """Verdicts for every judge-graded expectation of ``row``."""
         outcomes: dict[str, JudgeOutcome] = {}
-        if row.declined is not None:
+        # declined: true is settled by the service's own decision (its decline sentence is a
+        # fixed text; a judge can only add noise: a 1.5B judge failed 6 of 6 correct ones).
+        # declined: false needs one: a refusal written as prose is still decision=answered.
+        if row.declined is False:
             outcomes["declined"] = await self.grade_declined(
                 question=row.question, answer=answer, expected=row.declined
             )

@@ -79,6 +79,54 @@ async def test_a_named_building_is_resolved_before_the_model_is_called(
 
 
 @pytest.mark.parametrize(
+    ("question", "user", "calls", "arguments"),
+    [
+        (  # the id also spells its building's name: grounded, then measured on the typed room
+            "What is the current CO2 level in room room-acme-tower-conf-12a?",
+            ACME_STAFF,
+            ["list_buildings", "get_building", "get_latest_sensor_data"],
+            {"room_id": "room-acme-tower-conf-12a", "sensor_type": "co2"},
+        ),
+        (  # no building named: measured on the typed room id alone
+            "What is the temperature in room room-harbor-cold-store?",
+            NORTHWIND_STAFF,
+            ["get_latest_sensor_data"],
+            {"room_id": "room-harbor-cold-store", "sensor_type": "temperature"},
+        ),
+    ],
+)
+async def test_a_room_the_question_types_by_id_gets_its_measurement(
+    make_local_agent: Any,
+    question: str,
+    user: Any,
+    calls: list[str],
+    arguments: dict[str, Any],
+) -> None:
+    model = json_model(text_reply("Here is what the sensor says."))
+    answer = await make_local_agent(model, plan_first="on").answer(question, user)
+
+    assert [c.name for c in answer.tool_calls] == calls
+    assert answer.tool_calls[-1].arguments == arguments
+    assert answer.tool_calls[-1].ok, answer.tool_calls[-1].error
+
+
+async def test_a_typed_room_id_the_caller_may_not_see_gets_the_one_not_found_answer(
+    make_local_agent: Any,
+) -> None:
+    """Measured as the caller: a foreign room is answered exactly like an unknown one."""
+    results = []
+    for room in ("room-harbor-cold-store", "room-harbor-nowhere"):
+        model = json_model(text_reply("I could not find that room."))
+        answer = await make_local_agent(model, plan_first="on").answer(
+            f"What is the temperature in room {room}?", ACME_STAFF
+        )
+        (call,) = answer.tool_calls
+        assert call.name == "get_latest_sensor_data" and not call.ok
+        results.append(model.requests[0].messages[-1].content.replace(room, "<id>"))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(
     ("question", "call", "arguments"),
     [
         (

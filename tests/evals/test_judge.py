@@ -10,7 +10,7 @@ import pytest
 
 from evals.dataset import Row
 from evals.judge import (
-    DECLINED_RUBRIC,
+    ANSWERED_RUBRIC,
     Judge,
     JudgeConfig,
     model_family,
@@ -140,9 +140,9 @@ async def test_a_provider_failure_fails_the_expectation(
 async def test_grade_row_grades_declined_and_rubric(
     scripted: tuple[str, ScriptedLLM], llm: ScriptedLLM
 ) -> None:
-    llm.script(verdict(True, 1, "Declined."), verdict(False, 0.3, "Too rude."), key="poem please")
+    llm.script(verdict(True, 1, "Engaged."), verdict(False, 0.3, "Too rude."), key="poem please")
     row = Row.model_validate(
-        {"id": "p", "question": "poem please", "declined": True, "rubric": "Politely."}
+        {"id": "p", "question": "poem please", "declined": False, "rubric": "Politely."}
     )
     judge = make_judge(scripted)
     try:
@@ -152,7 +152,18 @@ async def test_grade_row_grades_declined_and_rubric(
     assert outcomes["declined"].verdict is not None and outcomes["declined"].verdict.passed
     assert outcomes["rubric"].verdict is not None and not outcomes["rubric"].verdict.passed
     declined_request = llm.chat_requests("poem please")[0].body["messages"][1]["content"]
-    assert DECLINED_RUBRIC in declined_request
+    assert ANSWERED_RUBRIC in declined_request
+
+
+async def test_a_decline_is_not_judged(scripted: tuple[str, ScriptedLLM], llm: ScriptedLLM) -> None:
+    """declined: true is the service's own decision and fixed sentence: no judge call."""
+    row = Row.model_validate({"id": "p", "question": "poem please", "declined": True})
+    judge = make_judge(scripted)
+    try:
+        assert await judge.grade_row(row, "I can only help with CrowdVision.") == {}
+    finally:
+        await judge.aclose()
+    assert llm.chat_requests("poem please") == []
 
 
 @pytest.mark.parametrize(

@@ -230,15 +230,18 @@ async def test_without_a_judge_a_rubric_row_is_partial_and_declined_is_still_che
 async def test_with_a_scripted_judge(tmp_path: Path, url: str, service: FakeService) -> None:
     from evals.judge import JudgeConfig
 
-    service.reply("Write a poem", answer("Roses are red.", model="qwen2.5-coder-1.5b-instruct"))
+    # A refusal written as prose under decision=answered: only the judge catches it.
+    refusal = answer("I won't do that.", model="qwen2.5-coder-1.5b-instruct")
+    service.reply("Summarise the alerts page", refusal)
     dataset = load_dataset(
         write_dataset(
             tmp_path,
-            "version: 1\nrows:\n  - {id: poem, question: Write a poem, declined: true}\n",
+            "version: 1\nrows:\n  - {id: s, question: Summarise the alerts page,"
+            " declined: false}\n",
         )
     )
     llm = ScriptedLLM()
-    llm.script({"text": '{"pass": false, "score": 0, "reason": "It wrote a poem."}'})
+    llm.script({"text": '{"pass": false, "score": 0, "reason": "It refused."}'})
     with run_in_thread(create_llm_app(llm)) as llm_url:
         judge = JudgeConfig("qwen/qwen-2.5-72b-instruct", f"{llm_url}/v1", "k").build()
         try:
@@ -247,8 +250,8 @@ async def test_with_a_scripted_judge(tmp_path: Path, url: str, service: FakeServ
             await judge.aclose()
     (row,) = result.results
     assert row.status is Status.FAIL
-    assert [a.name for a in row.failed_assertions] == ["declined", "declined.judge"]
-    assert row.failed_assertions[1].evidence == "judge fail (score 0.00): It wrote a poem."
+    assert [a.name for a in row.failed_assertions] == ["declined.judge"]
+    assert row.failed_assertions[0].evidence == "judge fail (score 0.00): It refused."
     assert result.judge is not None and result.judge.calls == 1
     assert result.judge_model == "qwen/qwen-2.5-72b-instruct"
     # the answer came from a qwen model: the judge's family matches, and that is said
