@@ -36,6 +36,8 @@ _READING = re.compile(
     r"\b(reading|readings|reporting|right now|currently|current|level|now|"
     r"what is|what's|how high|how low)\b"
 )
+# "Which buildings can I see?", "List all the buildings": the caller's building list.
+_BUILDING_LIST = re.compile(r"\b(which|what|list|show|all)\b[^?.]*\bbuildings\b", re.IGNORECASE)
 _HISTORY = re.compile(
     r"\b(history|trend|over the (last|past)|during the (last|past)|changed?|since)\b"
 )
@@ -80,3 +82,8 @@ def live_intent(question: str) -> LiveIntent:
         history_hours=_hours(text) if history else None,
         sensor_type=sensor_type,
     )
+
+
+def asks_for_buildings(question: str) -> bool:
+    """The question asks which buildings the caller has (``list_buildings`` answers it)."""
+    return bool(_BUILDING_LIST.search(question))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ProgressEvent, ToolEvent
 from agent.entities import NamedEntity, ids_after_word, match_names, named_entities
-from agent.intents import live_intent
+from agent.intents import asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
 from agent.routing import (
@@ -182,12 +182,15 @@ class Planner:
             entities=len(named) + len(entities.ids.get("building", {})),
             doc_tokens_found=any(token in text for token in tokens for text in texts),
             doc_coverage=best_coverage(question, texts),
+            building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
         )
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
         yield ProgressEvent(stage="route", route=decision.route)
         if decision.wants_live:
             grounded: list[tuple[NamedEntity, list[NamedEntity]]] = []
+            if signals.building_list and not named and lookup is not None:
+                yield self._show_lookup(run, lookup)
             if named and lookup is not None:
                 yield self._traced_lookup(run, lookup)
                 for building in named[:MAX_GROUNDED]:
@@ -231,6 +234,11 @@ class Planner:
             return outcome, []
         buildings = [e for e in named_entities(outcome.result_json) if e.kind == "building"]
         return outcome, match_names(question, buildings)
+
+    def _show_lookup(self, run: Run, lookup: ToolOutcome) -> ToolEvent:
+        """The building list as a visible step: it is the answer to "which buildings"."""
+        run.entities.add_result(lookup.result_json)
+        return self._record(run, lookup, lookup.result_json)
 
     @staticmethod
     def _traced_lookup(run: Run, lookup: ToolOutcome) -> ToolEvent:

@@ -92,6 +92,7 @@ class RouteSignals:
 
     greeting: bool = False
     entities: int = 0  # buildings/rooms named, plus ids typed
+    building_list: bool = False  # the question asks which buildings the caller has
     doc_tokens_found: bool = False  # a documented token of the question is in retrieved text
     doc_coverage: float = 0.0  # best chunk's coverage of the question's content words
 
@@ -119,6 +120,8 @@ def route(signals: RouteSignals) -> RouteDecision:
         if strong_docs:
             return RouteDecision("both", False, "entities and a documented token")
         return RouteDecision("live_data", False, "the question names a building, room or id")
+    if signals.building_list:
+        return RouteDecision("live_data", False, "the question asks for the caller's buildings")
     if strong_docs:
         return RouteDecision("documentation", False, "a documented token the search found")
     if signals.greeting:

@@ -210,10 +210,10 @@ async def test_id_tools_are_not_offered_before_an_id_is_known(make_local_agent: 
     (an id would have to be invented); list_buildings can."""
     model = json_model(
         tool_calls_reply(tool_call("list_buildings", {})),
-        text_reply("You can see Acme Tower and Acme Labs."),
+        text_reply("Which building's lobby do you mean: Acme Tower or Acme Labs?"),
     )
     answer = await make_local_agent(model, plan_first="on").answer(
-        "Which buildings do I have access to?", ACME_STAFF
+        "How many people are in the lobby right now?", ACME_STAFF
     )
 
     first, second = model.requests
@@ -338,3 +338,19 @@ def test_a_snippet_too_long_for_its_budget_ends_at_a_boundary_with_an_ellipsis()
     assert _clip(text, 70) == "No occupancy source: the room has no people counter. …"
     assert _clip("one two three four five six", 12) == "one two …"
     assert _clip("short", 12) == "short"
+
+
+@pytest.mark.parametrize(
+    "question", ["Which buildings can I see?", "List all the buildings I have access to."]
+)
+async def test_a_question_for_the_callers_buildings_gets_the_list_shown(
+    make_local_agent: Any, question: str
+) -> None:
+    model = json_model(text_reply("You can see Harbor Warehouse."))
+    answer = await make_local_agent(model, plan_first="on").answer(question, NORTHWIND_STAFF)
+
+    assert [c.name for c in answer.tool_calls] == ["list_buildings"]
+    request = model.requests[0]
+    assert "bld-northwind-harbor" in (request.messages[-2].content or "")  # the list is shown
+    assert not has_decline(request)
+    assert "route: live_data" in " ".join(answer.notes)
