@@ -34,7 +34,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ProgressEvent, ToolEvent
-from agent.entities import NamedEntity, ids_after_word, match_names, named_entities
+from agent.entities import (
+    NamedEntity,
+    ids_after_word,
+    ids_in_text,
+    match_names,
+    named_entities,
+)
 from agent.intents import asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
@@ -133,6 +139,15 @@ def _reminder(question: str, decision: RouteDecision) -> str:
             "offline)."
         )
     return f"The question was: {question}\n{use} Call another tool only if you still need data."
+
+
+def _without(question: str, mentions: Sequence[str]) -> str:
+    """The question without the names and ids it mentions: "the Cold Store" or
+    "room-harbor-cold-store" says nothing about temperature."""
+    for mention in sorted(mentions, key=len, reverse=True):
+        if mention.strip():
+            question = re.sub(re.escape(mention), " ", question, flags=re.IGNORECASE)
+    return question
 
 
 def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[NamedEntity]:
@@ -287,9 +302,10 @@ class Planner:
     ) -> AsyncIterator[AgentEvent]:
         """The one measurement the question clearly asks for, on the rooms it names (or all
         rooms of the building, for occupancy); nothing when the intent is unclear."""
-        intent = live_intent(question)
         all_rooms = [room for _, rooms in grounded for room in rooms]
         named = _rooms_asked_about(question, all_rooms)[:MAX_GROUNDED]
+        mentions = [e.name for e in named] + [b.name for b, _ in grounded] + ids_in_text(question)
+        intent = live_intent(_without(question, mentions))
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
             ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]

@@ -354,3 +354,16 @@ async def test_a_question_for_the_callers_buildings_gets_the_list_shown(
     assert "bld-northwind-harbor" in (request.messages[-2].content or "")  # the list is shown
     assert not has_decline(request)
     assert "route: live_data" in " ".join(answer.notes)
+
+
+async def test_a_room_name_is_not_read_as_the_measurement_asked_for(make_local_agent: Any) -> None:
+    """ "Cold Store" names a room; it does not ask for a temperature."""
+    model = json_model(text_reply("The Cold Store has no occupancy sensor."))
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "How many people are in the Cold Store at Harbor Warehouse (room room-harbor-cold-store)"
+        " at the moment?",
+        NORTHWIND_STAFF,
+    )
+    names = [c.name for c in answer.tool_calls]
+    assert names == ["list_buildings", "get_building", "get_room_occupancy"]
+    assert answer.tool_calls[-1].arguments == {"room_ids": ["room-harbor-cold-store"]}
