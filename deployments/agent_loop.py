@@ -117,12 +117,13 @@ class AgentLoopDeployment:
             llm=build_llm_client(settings),
             tools=HandleToolExecutor(tool_proxy, tool_registry(settings).specs()),
         )
-        threading.Thread(
-            target=warm_prompt_cache,
-            args=(settings, self.agent.tools),
-            name="prompt-warm-up",
-            daemon=True,
-        ).start()
+        if self.agent.plans_first:  # a native provider gets no warm-up: no thread, no client
+            threading.Thread(
+                target=warm_prompt_cache,
+                args=(settings, self.agent.tools),
+                name="prompt-warm-up",
+                daemon=True,
+            ).start()
 
     async def answer(
         self,
