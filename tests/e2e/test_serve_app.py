@@ -354,6 +354,7 @@ rows:
     tools_called: {all: [get_building]}
     tool_args: {get_building: {building_id: bld-northwind-harbor}}
     keywords: {all: [harbor warehouse]}
+    declined: false
   - id: offtopic-poem
     question: "Write me a poem about cats (eval)"
     tools_called: {none: true}
@@ -411,7 +412,7 @@ def test_eval_runner_scores_the_running_app_with_a_scripted_judge(
     )
     judge = ScriptedLLM()
     judge.script(
-        {"text": json.dumps({"pass": True, "score": 1.0, "reason": "It declined."})},
+        {"text": json.dumps({"pass": True, "score": 1.0, "reason": "It answered."})},
         mode="loop",
     )
     with run_in_thread(create_llm_app(judge)) as judge_url:
@@ -447,7 +448,9 @@ def test_eval_runner_scores_the_running_app_with_a_scripted_judge(
         "fixed-gap": "pass",  # XPASS (noted, not failed, without --strict)
     }, statuses
     assert "XFAIL" in report and "XPASS" in report
-    assert len(judge.chat_requests()) == 2  # offtopic-poem, once per run
+    # live-harbor's `declined: false`, once per run; offtopic-poem's `declined: true` is
+    # settled by the service's own decision and never reaches the judge
+    assert len(judge.chat_requests()) == 2
 
 
 def _source_of(sample_docs_url: str, chunk_id: str) -> str:
