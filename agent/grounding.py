@@ -12,7 +12,11 @@ signs to ``-``):
 * **numbers**, with an optional unit. ``1,200`` = ``1200``; ``21.0`` = ``21``; a range
   ``20-25`` is two numbers; the sign is ignored (``-1`` floor = ``1``). A number is grounded
   when some evidence number rounds to it at the precision written (``21`` from ``21.37``,
-  ``21.4`` from ``21.37``, but not ``21.5`` from ``21``). A percentage may also come from a
+  ``21.4`` from ``21.37``, but not ``21.5`` from ``21``). A **reading** (a number with a
+  measurement unit: ``°C``, ``%RH``, ``ppm``, ``lux``, ``dB``, energy, or ``people``) needs a
+  number the evidence states as a value: a JSON number, or a number in plain text, but not
+  the digits of a timestamp, an id or a list's length ("0.00 ppm" is not grounded by
+  ``10:00:00`` or by an empty sensor list). A percentage may also come from a
   fraction (``85%`` from ``0.85``); a duration may come in another time unit (``15 minutes``
   from ``900``). Units are otherwise not compared: the check catches invented numbers, not a
   real number under the wrong unit.
@@ -80,6 +84,8 @@ _UNIT = "|".join(
     re.escape(s).replace(r"\ ", r"\s?") for s in sorted(_UNIT_SPELLINGS, key=len, reverse=True)
 )
 _ORDINAL = re.compile(r"(?:st|nd|rd|th)", re.I)
+# Units of what sensors and counters measure: such a figure is a reading, never a digit run.
+_MEASURED = frozenset({"°C", "%RH", "ppm", "lux", "dB", "kWh", "kW", "W", "people"})
 
 _MARKERS = re.compile(
     r"\[\^[^\]\s]*\]|\[\d{1,3}(?:\s*,\s*\d{1,3})*\]|\[(?:chunk|source|doc)[:\s][^\]]*\]"
@@ -129,26 +135,34 @@ class Claim:
     text: str
     key: str = ""
     values: tuple[tuple[Decimal, Decimal], ...] = ()
+    reading: bool = False  # a measured figure: only a stated value grounds it
+
+
+def _within(numbers: tuple[Decimal, ...], value: Decimal, tolerance: Decimal) -> bool:
+    i = bisect.bisect_left(numbers, value - tolerance)
+    return i < len(numbers) and numbers[i] <= value + tolerance
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a run's answer may draw on: numbers (sorted, absolute), clock times and dates,
-    and the casefolded text (for ids and names)."""
+    """What a run's answer may draw on: numbers (sorted, absolute; ``readings`` the subset
+    stated as values), clock times and dates, and the casefolded text (for ids and names)."""
 
     numbers: tuple[Decimal, ...]
     moments: frozenset[str]
     text: str
     known_names: tuple[str, ...] = ()
+    readings: tuple[Decimal, ...] = ()
 
     def has_number(self, value: Decimal, tolerance: Decimal) -> bool:
-        i = bisect.bisect_left(self.numbers, value - tolerance)
-        return i < len(self.numbers) and self.numbers[i] <= value + tolerance
+        return _within(self.numbers, value, tolerance)
 
     def has_token(self, key: str) -> bool:
         return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", self.text) is not None
 
     def grounds(self, claim: Claim) -> bool:
+        if claim.kind == "number" and claim.reading:
+            return any(_within(self.readings, v, t) for v, t in claim.values)
         if claim.kind == "number":
             return any(self.has_number(v, t) for v, t in claim.values)
         if claim.kind == "time":
@@ -182,7 +196,9 @@ def _number_claim(text: str, digits: str, unit: str | None) -> Claim:
         for other in _SECONDS.values():
             if other != seconds:  # the same duration in another time unit
                 values.append((value * seconds / other, tolerance * seconds / other))
-    return Claim("number", " ".join(text.split()), values=tuple(values))
+    return Claim(
+        "number", " ".join(text.split()), values=tuple(values), reading=canonical in _MEASURED
+    )
 
 
 def _clock_claim(text: str, hour: int, minute: int, second: str | None, ampm: str) -> Claim:
@@ -282,20 +298,29 @@ def extract_claims(answer: str, *, known_names: Iterable[str] = ()) -> list[Clai
 # --- the evidence side -------------------------------------------------------------------------
 
 
-def _walk(value: Any, strings: list[str], numbers: list[Decimal]) -> None:
+def _walk(value: Any, strings: list[str], numbers: list[Decimal], readings: list[Decimal]) -> None:
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, int | float):
         numbers.append(abs(Decimal(repr(value))))
+        readings.append(numbers[-1])
     elif isinstance(value, str):
         strings.append(value)
     elif isinstance(value, list):
         numbers.append(Decimal(len(value)))  # the model may count what it was given
         for item in value:
-            _walk(item, strings, numbers)
+            _walk(item, strings, numbers, readings)
     elif isinstance(value, dict):
         for item in value.values():
-            _walk(item, strings, numbers)
+            _walk(item, strings, numbers, readings)
+
+
+def _stated_numbers(text: str) -> Iterator[Decimal]:
+    """The numbers a text states as values: not the digits of its timestamps, clock times,
+    ids and codes, or citation labels."""
+    for pattern in (_MARKERS, _DATETIME, _EV_CLOCK, _DASHED, _ALNUM):
+        text = pattern.sub(" ", text)
+    yield from _text_numbers(text)
 
 
 def _text_numbers(text: str) -> Iterator[Decimal]:
@@ -322,21 +347,24 @@ def build_evidence(texts: Iterable[str], *, known_names: Iterable[str] = ()) -> 
     """Index ``texts`` (JSON tool results are read as JSON, anything else as plain text)."""
     strings: list[str] = []
     numbers: list[Decimal] = []
+    readings: list[Decimal] = []
     for text in texts:
         try:
-            _walk(json.loads(text), strings, numbers)
+            _walk(json.loads(text), strings, numbers, readings)
         except ValueError:
             strings.append(text)
     strings = [normalize(s) for s in strings]
     moments: set[str] = set()
     for string in strings:
         numbers.extend(_text_numbers(string))
+        readings.extend(_stated_numbers(string))
         moments.update(_text_moments(string))
     return Evidence(
         numbers=tuple(sorted(set(numbers))),
         moments=frozenset(moments),
         text="\n".join(strings).casefold(),
         known_names=tuple(known_names),
+        readings=tuple(sorted(set(readings))),
     )
 
 

@@ -135,8 +135,8 @@ def _reminder(question: str, decision: RouteDecision) -> str:
     else:
         use = (
             "Answer it in one or two sentences from the results above: say plainly what they "
-            "show (including that no sensor is installed, or that a reading is missing or "
-            "offline)."
+            "show (including that a building or room was not found, that no sensor is "
+            "installed, or that a reading is missing or offline)."
         )
     return f"The question was: {question}\n{use} Call another tool only if you still need data."
 
@@ -150,13 +150,26 @@ def _without(question: str, mentions: Sequence[str]) -> str:
     return question
 
 
+def _typed_ids(question: str, kind: str, prefix: str) -> list[str]:
+    """The ids the question types as ``kind``: after the word ("building bld-x") or in the
+    platform's own id scheme ("bld-x", "room-x")."""
+    prefixed = [i for i in ids_in_text(question) if i.startswith(prefix)]
+    return list(dict.fromkeys([*ids_after_word(question, kind), *prefixed]))
+
+
+def _buildings_typed(question: str) -> list[NamedEntity]:
+    """The buildings the question types by id: grounded like named ones, so an unknown or
+    forbidden id gets its not-found answer before the model writes a word."""
+    return [NamedEntity("building", i, i) for i in _typed_ids(question, "building", "bld-")]
+
+
 def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[NamedEntity]:
-    """The rooms the question names, then those it types as "room <id>" (one of the
-    grounded rooms, or else as typed: the tool answers an unknown or forbidden id with its
-    one not-found result)."""
+    """The rooms the question names, then those it types by id (one of the grounded rooms,
+    or else as typed: the tool answers an unknown or forbidden id with its one not-found
+    result)."""
     found = list(match_names(question, rooms))
     by_id = {room.entity_id: room for room in rooms}
-    for room_id in ids_after_word(question, "room"):
+    for room_id in _typed_ids(question, "room", "room-"):
         room = by_id.get(room_id, NamedEntity("room", room_id, room_id))
         if room not in found:
             found.append(room)
@@ -197,6 +210,7 @@ class Planner:
             entities=len(named) + len(entities.ids.get("building", {})),
             doc_tokens_found=any(token in text for token in tokens for text in texts),
             doc_coverage=best_coverage(question, texts),
+            doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
             building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
         )
         decision = decide_route(signals)
@@ -208,12 +222,14 @@ class Planner:
                 yield self._show_lookup(run, lookup)
             if named and lookup is not None:
                 yield self._traced_lookup(run, lookup)
-                for building in named[:MAX_GROUNDED]:
-                    async for item in self._ground(run, building):
-                        if isinstance(item, list):
-                            grounded.append((building, item))
-                        else:
-                            yield item
+            known = {building.entity_id for building in named}
+            typed = [b for b in _buildings_typed(question) if b.entity_id not in known]
+            for building in (named + typed)[:MAX_GROUNDED]:
+                async for item in self._ground(run, building):
+                    if isinstance(item, list):
+                        grounded.append((building, item))
+                    else:
+                        yield item
             async for event in self._measure(run, question, grounded):
                 yield event
         if decision.wants_docs and search is not None and hits:

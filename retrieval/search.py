@@ -33,6 +33,9 @@ class SearchHit:
     rerank_score: float | None
     vector_rank: int | None
     keyword_rank: int | None
+    # Cosine similarity of the query's and the chunk's embeddings (None: found by keyword
+    # only): an absolute measure of how close the chunk is, where the ranks are relative.
+    similarity: float | None = None
 
     @property
     def score(self) -> float:
@@ -133,6 +136,7 @@ class HybridRetriever:
                 rerank_score=score,
                 vector_rank=c.vector_rank,
                 keyword_rank=c.keyword_rank,
+                similarity=None if c.distance is None else 1.0 - c.distance,
             )
             for (c, fused_score), score in zip(pool, scores, strict=True)
         ]

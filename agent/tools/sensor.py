@@ -163,6 +163,16 @@ class GetLatestSensorDataArgs(Args):
     )
 
 
+# What a status other than ok means, in words: a small model reads a bare "offline" next to
+# a sensor as "the sensor is reporting" (the 1.5B on 2026-12-02).
+_STATUS_NOTES = {
+    "offline": "the sensor is offline: it is not reporting, there is no current reading",
+    "stale": "the last reading is old: it is not a current value",
+    "no_reading": "the sensor has not reported any reading yet",
+    "unavailable": "the reading could not be fetched right now",
+}
+
+
 class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
     name = "get_latest_sensor_data"
     description = (
@@ -221,6 +231,9 @@ class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
                 )
             else:
                 entry["status"] = "unavailable"
+            note = _STATUS_NOTES.get(str(entry["status"]))
+            if note is not None:
+                entry["note"] = note
             readings.append(entry)
         result["readings"] = readings
         return result

@@ -53,6 +53,9 @@ def missing(answer: str, *evidence: Any, question: str = "") -> list[str]:
         ("It is on floor −1.", {"floor": -1}),
         ("A 14-day grace period.", "a 14-day seat grace period"),
         ("It has 4 rooms.", {"rooms": [{}, {}, {}, {}]}),  # a count of what the tool listed
+        ("Alerts fire above 1,000 ppm.", "[1] Alerts: CO2 above 1,000 ppm raises an alert."),
+        ("It reads 4.2 °C.", {"note": "last value 4.2 °C, at 2026-12-02T03:00:00Z"}),
+        ("Nobody is there: 0 people.", {"occupancy": 0, "capacity": 12}),
     ],
 )
 def test_grounded_numbers_in_any_spelling(answer: str, evidence: Any) -> None:
@@ -70,6 +73,19 @@ def test_grounded_numbers_in_any_spelling(answer: str, evidence: Any) -> None:
             ["40 people", "22 °C"],
         ),
         ("CO2 is 612 ppm.", {"readings": []}, ["612 ppm"]),
+        # A reading needs a stated value: not a list's length, a timestamp's or an id's digits
+        # (the 1.5B's "0.00 ppm (no sensor installed)" on 2026-12-02).
+        (
+            "The CO2 concentration is 0.00 ppm (no sensor installed).",
+            {"room_id": "room-acme-labs-server", "sensors": [], "at": "2026-12-02T10:00:00Z"},
+            ["0.00 ppm"],
+        ),
+        (
+            "It holds 12 people.",
+            {"room_id": "room-acme-tower-conf-12a", "capacity": None},
+            ["12 people"],
+        ),
+        ("It reads 3 °C.", "[3] Sensors: readings arrive every minute.", ["3 °C"]),
         ("It is at 90% of capacity.", {"utilisation": 0.85}, ["90%"]),
     ],
 )

@@ -7,6 +7,7 @@ json_schema adapter builds from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -192,17 +193,24 @@ async def test_unknown_and_forbidden_building_names_plan_the_same(
     assert seen[0][0] == []  # nothing shown to the model: the lookup found no match
 
 
-async def test_a_typed_id_is_allowed_even_when_it_is_not_found(make_local_agent: Any) -> None:
-    model = json_model(
-        tool_calls_reply(tool_call("get_building", {"building_id": "bld-mars-base-7"})),
-        text_reply("I don't know."),
-    )
-    agent: Agent = make_local_agent(model, plan_first="on")
+async def test_a_typed_building_id_is_grounded_before_the_model_writes(
+    make_local_agent: Any,
+) -> None:
+    """A typed building id is looked up as the caller up front, like a named building: an
+    unknown id and another tenant's get the same not-found step and the same prompt."""
+    prompts = []
+    for building in ("bld-mars-base-7", "bld-northwind-harbor"):
+        model = json_model(text_reply("I could not find that building."))
+        agent: Agent = make_local_agent(model, plan_first="on")
+        answer = await agent.answer(f"Which rooms does building {building} have?", ACME_STAFF)
 
-    answer = await agent.answer("Which rooms does building bld-mars-base-7 have?", ACME_STAFF)
-
-    assert model.requests[0].choices["building"] == ("bld-mars-base-7",)
-    assert answer.tool_calls[-1].error == BUILDING_NOT_FOUND
+        (call,) = answer.tool_calls
+        assert (call.name, call.arguments) == ("get_building", {"building_id": building})
+        assert call.error == BUILDING_NOT_FOUND
+        request = model.requests[0]
+        assert request.choices["building"] == (building,)
+        prompts.append(json.dumps([m.content for m in request.messages]).replace(building, "<id>"))
+    assert prompts[0] == prompts[1]
 
 
 async def test_id_tools_are_not_offered_before_an_id_is_known(make_local_agent: Any) -> None:
@@ -256,6 +264,36 @@ async def test_a_documentation_question_gets_a_compact_search_up_front(
     assert "900 seconds" in lines[0] and len(lines[0]) < 600  # trimmed to what matches
     assert "Unrelated sentence" not in lines[0]
     assert answer.retrieval.chunk_ids == ["c-stale", "c-other", "c-third"]
+
+
+@pytest.mark.parametrize(
+    ("similarity", "route", "declinable"), [(0.62, "documentation", False), (0.40, "open", True)]
+)
+async def test_a_paraphrase_close_to_a_chunk_is_documentation_and_never_declined(
+    make_local_agent: Any,
+    retriever: FakeRetriever,
+    similarity: float,
+    route: str,
+    declinable: bool,
+) -> None:
+    """Few shared words, close meaning: the search's cosine routes it, not word overlap."""
+    retriever.hits = [
+        dataclasses.replace(
+            hit("c-e1039", "Undelivered events after the retry schedule disable the endpoint."),
+            similarity=similarity,
+        )
+    ]
+    model = json_model(text_reply("The endpoint was disabled; re-enable it. [^c-e1039]"))
+
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "Our receiver was down for hours and now nothing arrives - what happened?", ACME_STAFF
+    )
+
+    assert next(n for n in answer.notes if n.startswith("route")).startswith(f"route: {route}")
+    request = model.requests[0]
+    assert has_decline(request) is declinable
+    shown = [c.name for c in answer.tool_calls]
+    assert shown == (["search_docs"] if route == "documentation" else [])
 
 
 async def test_a_greeting_is_offered_no_tool(make_local_agent: Any) -> None:

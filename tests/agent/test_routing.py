@@ -62,6 +62,11 @@ def test_routes() -> None:
     assert loose.route == "documentation" and loose.allow_refusal
     assert route(RouteSignals(greeting=True, doc_coverage=0.9)).route == "greeting"
     assert route(RouteSignals(doc_coverage=0.3)).route == "open"
+    # A close chunk (a paraphrase) is documentation, never declined; a distant one is not.
+    close = route(RouteSignals(doc_coverage=0.3, doc_similarity=0.58))
+    assert close.route == "documentation" and not close.allow_refusal
+    assert route(RouteSignals(doc_coverage=0.3, doc_similarity=0.48)).route == "open"
+    assert route(RouteSignals(entities=1, doc_similarity=0.9)).route == "live_data"
 
 
 def test_signals() -> None:

@@ -286,6 +286,8 @@ async def test_latest_sensor_data(
     assert set(by_type) == {"occupancy", "temperature", "door_counter"}
     assert by_type["temperature"]["status"] == "offline"
     assert by_type["temperature"]["value"] is None
+    assert "not reporting" in by_type["temperature"]["note"]  # said in words, not just a code
+    assert "note" not in by_type["occupancy"]
     occupancy_sensor = world.sensor("sen-harbor-dock-b-occupancy")
     assert occupancy_sensor is not None
     reading = world.reading_at(occupancy_sensor, clock())
