@@ -194,7 +194,14 @@ def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
     up top, per-route rates and latency, one table row per dataset row, then the failing,
     XPASS and partially checked rows with evidence, and the XFAIL rows with reasons."""
     strict = run.strict if strict is None else strict
-    lines = _header(run, strict) + _warnings(run) + _totals(run) + _routes(run) + _rows(run)
+    lines = (
+        _header(run, strict)
+        + _warnings(run)
+        + _totals(run)
+        + _routes(run)
+        + _router(run)
+        + _rows(run)
+    )
     flagged = [r for r in run.results if r.status in (Status.FAIL, Status.ERROR, Status.XPASS)]
     if flagged:
         lines += ["## Failures, errors and XPASS", ""]
@@ -298,6 +305,43 @@ def _routes(run: EvalRun) -> list[str]:
             f"| {c[Status.PARTIAL]} | {c[Status.FAIL]} | {c[Status.ERROR]} | {c[Status.XFAIL]} "
             f"| {fmt_ms(part.p50_ms)} | {fmt_ms(part.p95_ms)} |"
         )
+    return [*lines, ""]
+
+
+SERVICE_ROUTES = ("greeting", "documentation", "live_data", "both", "open")
+_ROUTE_NOTE = re.compile(r"^route: (\w+)")
+
+
+def service_route(result: RowResult) -> str | None:
+    """The route the service's planner took for this row (its ``route: ...`` note), or None
+    (no plan: native mode, or no response)."""
+    notes = (result.response or {}).get("notes") or []
+    for note in notes if isinstance(notes, list) else []:
+        match = _ROUTE_NOTE.match(str(note))
+        if match:
+            return match.group(1)
+    return None
+
+
+def _router(run: EvalRun) -> list[str]:
+    """The router on its own: each kind of row against the route the planner chose."""
+    taken = [(row_route(r.tags), service_route(r)) for r in run.results]
+    if not any(route for _, route in taken):
+        return []
+    lines = [
+        "## Router",
+        "",
+        "Each kind of row (as in Per route) against the route the service's planner chose "
+        "(its `route:` note; `-`: no plan, e.g. an error). Off-topic rows belong in `open` "
+        "(the model may decline there), documentation rows in `documentation` or `both`.",
+        "",
+        "| kind | " + " | ".join(SERVICE_ROUTES) + " | - |",
+        "|---|" + "---:|" * (len(SERVICE_ROUTES) + 1),
+    ]
+    for kind in route_groups(run.results):
+        routes = [route for k, route in taken if k == kind]
+        cells = [str(routes.count(route)) for route in SERVICE_ROUTES]
+        lines.append(f"| {kind} | " + " | ".join([*cells, str(routes.count(None))]) + " |")
     return [*lines, ""]
 
 

@@ -208,3 +208,27 @@ def test_a_rescored_run_says_it_is_not_a_fresh_run(tmp_path: Path) -> None:
     run = dataclasses.replace(sample_run(), rescored_from="old/responses.jsonl")
     text = write_markdown(run, tmp_path / "report.md").read_text()
     assert "**Re-scored** from saved answers (old/responses.jsonl), not a fresh run" in text
+
+
+def test_the_router_table_counts_each_kind_of_row_by_the_route_the_service_took(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    run = sample_run()
+    notes = {"doc-ok": ["route: documentation (a documented token)"], "doc-bad": ["other"]}
+    run = dataclasses.replace(
+        run,
+        results=[
+            dataclasses.replace(r, response={"notes": notes[r.id]}) if r.id in notes else r
+            for r in run.results
+        ],
+    )
+    text = write_markdown(run, tmp_path / "report.md").read_text()
+    router = text.split("## Router", 1)[1].split("## Rows", 1)[0]
+    assert "| kind | greeting | documentation | live_data | both | open | - |" in router
+    assert "| documentation | 0 | 1 | 0 | 0 | 0 | 0 |" in router
+    assert "| permission | 0 | 0 | 0 | 0 | 0 | 1 |" in router  # a response with no route note
+    # No row with a route note at all (native mode): no table.
+    plain = write_markdown(sample_run(), tmp_path / "plain.md").read_text()
+    assert "## Router" not in plain
