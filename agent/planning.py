@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ProgressEvent, ToolEvent
+from agent.composing import compose_greeting, compose_live
 from agent.entities import (
     NamedEntity,
     ids_after_word,
@@ -41,7 +42,7 @@ from agent.entities import (
     match_names,
     named_entities,
 )
-from agent.intents import asks_for_buildings, live_intent
+from agent.intents import LiveIntent, asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
 from agent.routing import (
@@ -78,6 +79,9 @@ class Plan:
     decision: RouteDecision
     tools: tuple[ToolSpec, ...]
     constrained_kinds: tuple[str, ...] = (*LIVE_KINDS, "chunk")
+    # Written by the service from the visible steps (``agent.composing``): the loop uses it,
+    # once grounded, instead of calling the model. None: the model answers.
+    answer: str | None = None
 
 
 def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
@@ -179,10 +183,14 @@ def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[Name
 class Planner:
     """Builds the ``Plan`` of one run and adds its visible steps to the run."""
 
-    def __init__(self, tools: ToolExecutor) -> None:
+    def __init__(self, tools: ToolExecutor, *, compose: bool = False) -> None:
         self.tools = tools
+        self.compose = compose  # write settled live-data answers and greetings here
         self._calls = 0
         self._steps: list[tuple[ToolCall, Message]] = []  # visible steps not yet in messages
+        self._shown: list[ToolOutcome] = []  # every visible step's outcome, in order
+        self._intent = LiveIntent()
+        self._rest = ""  # the question without the names and ids it mentions
 
     async def plan(
         self, run: Run, question: str, specs: Sequence[ToolSpec]
@@ -235,7 +243,22 @@ class Planner:
         if decision.wants_docs and search is not None and hits:
             yield self._show_docs(run, search, question)
         self._flush(run, question, decision)
-        yield Plan(decision, self._offered(decision, specs))
+        answer = self._composed(question, signals, decision)
+        yield Plan(decision, self._offered(decision, specs), answer=answer)
+
+    def _composed(
+        self, question: str, signals: RouteSignals, decision: RouteDecision
+    ) -> str | None:
+        """The answer the visible steps settle (``agent.composing``), where composing is on."""
+        if not self.compose:
+            return None
+        if decision.route == "greeting":
+            return compose_greeting(question)
+        if decision.route != "live_data":
+            return None
+        return compose_live(
+            self._rest or question, self._intent, self._shown, building_list=signals.building_list
+        )
 
     # --- the lookups --------------------------------------------------------------------------
 
@@ -254,6 +277,7 @@ class Planner:
         yield tool_started(call)
         outcome = await self.tools.execute(call, run.request)
         run.entities.add_result(outcome.result_json)
+        self._shown.append(outcome)
         yield self._record(run, outcome, outcome.result_json)
         yield outcome
 
@@ -269,6 +293,7 @@ class Planner:
     def _show_lookup(self, run: Run, lookup: ToolOutcome) -> ToolEvent:
         """The building list as a visible step: it is the answer to "which buildings"."""
         run.entities.add_result(lookup.result_json)
+        self._shown.append(lookup)
         return self._record(run, lookup, lookup.result_json)
 
     @staticmethod
@@ -321,7 +346,8 @@ class Planner:
         all_rooms = [room for _, rooms in grounded for room in rooms]
         named = _rooms_asked_about(question, all_rooms)[:MAX_GROUNDED]
         mentions = [e.name for e in named] + [b.name for b, _ in grounded] + ids_in_text(question)
-        intent = live_intent(_without(question, mentions))
+        self._rest = _without(question, mentions)
+        intent = self._intent = live_intent(self._rest)
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
             ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]

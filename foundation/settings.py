@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     # Route, ground entities and fetch documentation before the model's first call
     # (agent.planning): auto = in json_schema mode only.
     plan_first: Literal["auto", "on", "off"] = "auto"
+    # With the plan: live-data answers the plan's tool results settle, and greetings, are
+    # written by the service (agent.composing) instead of the model.
+    compose_answers: bool = True
     model_override_min_role: str = "business_admin"
     allowed_models: CsvList = Field(default_factory=list)
 

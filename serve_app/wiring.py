@@ -129,6 +129,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         max_output_tokens=settings.max_output_tokens,
         provider_url=settings.llm_base_url,
         plan_first=None if settings.plan_first == "auto" else settings.plan_first == "on",
+        compose_answers=settings.compose_answers,
         heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
 

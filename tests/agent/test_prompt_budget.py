@@ -33,7 +33,10 @@ ROUTES = [
 
 async def _first_request(make_local_agent: Any, question: str, user: Any) -> list[dict[str, Any]]:
     model = ScriptedModel(text_reply("ok"), tool_calling_mode="json_schema")
-    await make_local_agent(model, plan_first="on").answer(question, user)
+    # What the model reads when it writes the answer (composing off: with it on, the live
+    # routes and greetings never reach the model).
+    agent = make_local_agent(model, plan_first="on", compose_answers=False)
+    await agent.answer(question, user)
     return to_wire_messages(model.requests[0].messages)
 
 

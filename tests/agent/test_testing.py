@@ -24,7 +24,7 @@ from agent.llm.base import (
     ToolSpec,
     Usage,
 )
-from agent.loop import Agent
+from agent.loop import Agent, AgentConfig
 from agent.prompts import load_system_prompt
 from agent.testing import (
     FunctionModel,
@@ -169,7 +169,7 @@ class NoTools:
 @pytest.mark.parametrize("mode", MODES)
 async def test_the_agent_renders_the_prompt_of_the_fakes_mode(mode: Mode) -> None:
     model = ScriptedModel(text_reply("Hello!"), tool_calling_mode=mode)
-    agent = Agent(llm=model, tools=NoTools())
+    agent = Agent(llm=model, tools=NoTools(), config=AgentConfig(compose_answers=False))
     answer = await agent.answer("Hello", NORTHWIND_STAFF)
     assert answer.answer == "Hello!" and answer.model == "test/scripted"
     assert model.requests[0].messages[0].content == load_system_prompt().render(mode, [])

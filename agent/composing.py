@@ -1,0 +1,330 @@
+"""Answers the service writes itself, from the planner's tool results, without a model call.
+
+For a small local model the slowest and least reliable part of a live-data answer is turning
+JSON into a sentence: on 2 cores it costs 15-40 s, and the 1.5B misreads nulls and statuses
+("The Quiet Room has 6 people" from a null occupancy and a capacity of 6, "0.00 ppm" from a
+room without a CO2 sensor). Where the planner (``agent.planning``) has already run the one
+measurement the question clearly asks for, or a step it ran says the building or room does
+not exist for this caller, the answer is fully determined by those results: it is written
+here, in milliseconds, from nothing but the results (the loop still checks it with
+``agent.grounding`` before it is used). Anything less clear returns ``None`` and the model
+answers as before.
+
+Unknown and forbidden entities read the same: the text comes from the tools' one not-found
+answer and the id the user typed, never from anything the caller may not see.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent.intents import LiveIntent
+from agent.routing import content_words
+from agent.tools.registry import ToolOutcome
+
+__all__ = ["compose_greeting", "compose_live", "room_names"]
+
+_BUSIEST = re.compile(r"\b(busiest|fullest|most (crowded|people|occupied|busy)|highest)\b")
+_QUIETEST = re.compile(r"\b(emptiest|quietest|least (crowded|people|occupied|busy)|lowest)\b")
+_ROOMS = re.compile(r"\brooms?\b")
+_THANKS = re.compile(r"^\s*(thanks|thank you)\b", re.IGNORECASE)
+# Every content word a question may use for the answer to be composed: a word outside this
+# list ("firmware", "cost", "why") asks for something the tool results do not say, so the
+# model answers (or says it does not know). Stemmed like routing.content_words.
+_ANSWERABLE = content_words(
+    "room building sensor sensors device devices people person busy busier busiest full "
+    "fullest crowded occupancy occupied utilisation utilization capacity hold fit empty "
+    "emptiest quiet quietest free current currently now right moment today reading readings "
+    "level value measure measured temperature co2 carbon dioxide concentration humidity "
+    "humid door counter installed fitted there have has inventory which what how many much "
+    "high low warm cold hot change changed history trend last past hour day week report "
+    "reporting working live latest list show see access can tell give please currently "
+    "average min max lowest highest least most floor rooms buildings know"
+)
+
+CAPABILITIES = (
+    "I can help with CrowdVision: which buildings and rooms you can see, live occupancy and "
+    "sensor readings (CO2, temperature, humidity, door counters) and their recent history, "
+    "and how the platform works (settings, alerts, error codes, exports). What would you "
+    "like to know?"
+)
+
+_SENSOR_WORDS = {
+    "co2": "CO2",
+    "temperature": "temperature",
+    "humidity": "humidity",
+    "occupancy": "occupancy",
+    "door_counter": "door-counter",
+}
+
+
+_STATUS_PHRASES = {
+    "offline": "is offline: it is not reporting, so there is no current reading",
+    "no_reading": "has not reported any reading yet, so there is no current value",
+    "unavailable": "could not be read right now (the sensor service did not answer)",
+}
+
+
+def compose_greeting(question: str) -> str:
+    """The answer to a greeting: what the assistant can do (no model call, no tool)."""
+    opening = "You're welcome!" if _THANKS.match(question) else "Hello!"
+    return f"{opening} {CAPABILITIES}"
+
+
+def _data(outcome: ToolOutcome) -> dict[str, Any]:
+    try:
+        value = json.loads(outcome.result_json)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _when(value: object) -> str:
+    """An ISO instant as people read it ("10:30 UTC on 2025-03-04"); anything else as is."""
+    text = str(value)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return text
+    if moment.utcoffset() != timedelta(0):
+        return text
+    return f"{moment:%H:%M} UTC on {moment:%Y-%m-%d}"
+
+
+def _number(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def room_names(steps: Sequence[ToolOutcome]) -> dict[str, str]:
+    """Room id -> name, from every ``get_building`` result among ``steps``."""
+    names: dict[str, str] = {}
+    for step in steps:
+        if step.name == "get_building" and step.ok:
+            for room in _data(step).get("rooms") or []:
+                if isinstance(room, dict) and room.get("room_id") and room.get("name"):
+                    names[str(room["room_id"])] = str(room["name"])
+    return names
+
+
+def compose_live(
+    question: str, intent: LiveIntent, steps: Sequence[ToolOutcome], *, building_list: bool
+) -> str | None:
+    """The answer these planner steps settle, or ``None`` when the model should write it.
+
+    ``question``: without the names and ids it mentions. ``steps``: the visible steps in the
+    order they ran. ``building_list``: the question asks which buildings the caller can see
+    (the shown ``list_buildings`` step answers it)."""
+    if not steps:
+        return None
+    missing = [s for s in steps if s.name == "get_building" and not s.ok]
+    if missing:
+        return " ".join(_not_found("building", s.arguments.get("building_id")) for s in missing)
+    failed = [s for s in steps if not s.ok]
+    if _unanswerable(_without_names(question, steps)) and not failed:
+        return None  # it asks for more than the results say
+    names = room_names(steps)
+    measured = [s for s in steps if s.name not in ("get_building", "list_buildings")]
+    if measured:
+        parts = [_measurement(question, step, names) for step in measured]
+        return None if any(part is None for part in parts) else " ".join(p for p in parts if p)
+    if building_list:
+        shown = [s for s in steps if s.name == "list_buildings" and s.ok]
+        return _buildings(_data(shown[0])) if shown else None
+    lower = question.lower()
+    if _ROOMS.search(lower) and not (intent.occupancy or intent.reading or intent.inventory):
+        buildings = [_data(s) for s in steps if s.name == "get_building"]
+        return " ".join(_rooms(b) for b in buildings) or None
+    return None
+
+
+def _without_names(question: str, steps: Sequence[ToolOutcome]) -> str:
+    """``question`` without the room and building names the results hold (a room typed by id
+    may also be named: "Loading Dock B (room room-harbor-dock-b)")."""
+    names = set(room_names(steps).values())
+    for step in steps:
+        data = _data(step)
+        names |= {str(data[k]) for k in ("room_name", "building_name") if data.get(k)}
+    for name in sorted(names, key=len, reverse=True):
+        question = re.sub(re.escape(name), " ", question, flags=re.IGNORECASE)
+    return question
+
+
+def _unanswerable(question: str) -> set[str]:
+    """The content words of ``question`` the tool results cannot speak to (numbers are fine:
+    "the last 8 hours")."""
+    return {w for w in content_words(question) - _ANSWERABLE if not w.isdigit()}
+
+
+def _not_found(kind: str, entity_id: object) -> str:
+    what = f"{kind} {entity_id}" if isinstance(entity_id, str) and entity_id else f"that {kind}"
+    return (
+        f"I could not find {what}: it does not exist, or you do not have access to it. "
+        "Check the id, or ask which buildings you can see."
+    )
+
+
+def _measurement(question: str, step: ToolOutcome, names: Mapping[str, str]) -> str | None:
+    if not step.ok:
+        if not (step.error and "not found" in step.error.lower()):
+            return None  # a failing service: let the model say what it can
+        rooms = step.arguments.get("room_ids") or [step.arguments.get("room_id")]
+        if step.name == "list_sensors" and "Building" in step.error:
+            return _not_found("building", step.arguments.get("building_id"))
+        return " ".join(_not_found("room", room) for room in rooms)
+    data = _data(step)
+    if step.name == "get_room_occupancy":
+        return _occupancy(question, data, names)
+    if step.name == "list_sensors":
+        return _inventory(data)
+    if step.name == "get_latest_sensor_data":
+        return _latest(step, data)
+    if step.name == "get_sensor_history":
+        return _history(data)
+    return None
+
+
+def _buildings(data: Mapping[str, Any]) -> str:
+    buildings = [b for b in data.get("buildings") or [] if isinstance(b, dict)]
+    if not buildings:
+        return "You cannot see any buildings: none are accessible to your account."
+    listed = "; ".join(
+        f"{b.get('name')} ({b.get('building_id')}"
+        + (f", {b['address']})" if b.get("address") else ")")
+        for b in buildings
+    )
+    count = len(buildings)
+    more = " (the list is truncated)" if data.get("truncated") else ""
+    return f"You can see {count} building{'s' if count != 1 else ''}{more}: {listed}."
+
+
+def _rooms(data: Mapping[str, Any]) -> str:
+    building = data.get("building") or {}
+    rooms = [r for r in data.get("rooms") or [] if isinstance(r, dict)]
+    name = building.get("name") or building.get("building_id")
+    if not rooms:
+        return f"{name} has no rooms on record."
+    listed = "; ".join(
+        f"{r.get('name')} ({r.get('room_id')}, floor {r.get('floor')}, capacity "
+        f"{r.get('capacity')})"
+        for r in rooms
+    )
+    return f"{name} has {len(rooms)} room{'s' if len(rooms) != 1 else ''}: {listed}."
+
+
+def _occupancy(question: str, data: Mapping[str, Any], names: Mapping[str, str]) -> str | None:
+    rooms = [r for r in data.get("rooms") or [] if isinstance(r, dict)]
+    if not rooms:
+        return None
+    lines: list[str] = []
+    counted: list[tuple[float, str]] = []
+    for room in rooms:
+        room_id = str(room.get("room_id"))
+        label = names.get(room_id, room_id)
+        if room.get("error"):
+            lines.append(f"{label}: not found or not accessible")
+            continue
+        people, capacity = _number(room.get("occupancy")), _number(room.get("capacity"))
+        if people is None:
+            cap = f" (capacity {capacity})" if capacity else ""
+            lines.append(f"{label}: no live people count{cap}, the room has no working "
+                         "occupancy sensor")  # fmt: skip
+            continue
+        share = room.get("utilisation")
+        percent = f", {share:.0%}" if isinstance(share, int | float) and capacity else ""
+        of = f" of {capacity}" if capacity else ""
+        lines.append(f"{label}: {people}{of} people{percent}")
+        rank = share if isinstance(share, int | float) else room["occupancy"]
+        counted.append((float(rank), label))
+    lower = question.lower()
+    lead = ""
+    if len(counted) > 1 and (_BUSIEST.search(lower) or _QUIETEST.search(lower)):
+        pick = max if _BUSIEST.search(lower) else min
+        word = "busiest" if pick is max else "least busy"
+        value, label = pick(counted)
+        lead = f"The {word} room right now is {label}. "
+        if value == 0 and pick is max:
+            lead = "Every room with a people count is empty right now. "
+    heading = "Live occupancy" if len(lines) > 1 else "Live occupancy:"
+    body = "; ".join(lines)
+    return f"{lead}{heading}{': ' if len(lines) > 1 else ' '}{body}."
+
+
+def _inventory(data: Mapping[str, Any]) -> str:
+    where = data.get("room_name") or data.get("room_id") or data.get("building_name")
+    sensors = [s for s in data.get("sensors") or [] if isinstance(s, dict)]
+    if not sensors:
+        return f"No sensors are installed in {where} (an inventory fact, not a missing reading)."
+    if data.get("room_id"):
+        kinds = ", ".join(
+            f"{_SENSOR_WORDS.get(str(s.get('sensor_type')), s.get('sensor_type'))} "
+            f"({s.get('sensor_id')})"
+            for s in sensors
+        )
+        return f"{where} has {len(sensors)} sensor{'s' if len(sensors) != 1 else ''}: {kinds}."
+    by_room: dict[str, list[str]] = {}
+    for sensor in sensors:
+        kind = _SENSOR_WORDS.get(str(sensor.get("sensor_type")), str(sensor.get("sensor_type")))
+        by_room.setdefault(str(sensor.get("room_name") or sensor.get("room_id")), []).append(kind)
+    listed = "; ".join(f"{room}: {', '.join(kinds)}" for room, kinds in by_room.items())
+    more = " (the list is truncated)" if data.get("truncated") else ""
+    return f"Sensors in {where}{more}: {listed}."
+
+
+def _latest(step: ToolOutcome, data: Mapping[str, Any]) -> str | None:
+    where = data.get("room_name") or data.get("room_id")
+    wanted = step.arguments.get("sensor_type")
+    kind = _SENSOR_WORDS.get(str(wanted), str(wanted)) if wanted else None
+    readings = [r for r in data.get("readings") or [] if isinstance(r, dict)]
+    if not readings:
+        what = f"{kind} sensor" if kind else "sensor"
+        value_word = f"{kind} reading" if kind else "reading"
+        return f"No {what} is installed in {where}, so there is no {value_word} for it."
+    parts = []
+    for reading in readings:
+        sensor = _SENSOR_WORDS.get(str(reading.get("sensor_type")), reading.get("sensor_type"))
+        status = reading.get("status")
+        value = _number(reading.get("value"))
+        if status in ("ok", "stale") and value is not None:
+            unit = f" {reading['unit']}" if reading.get("unit") else ""
+            when = f" (read at {_when(reading['timestamp'])})" if reading.get("timestamp") else ""
+            old = " This reading is old: it is not a current value." if status == "stale" else ""
+            parts.append(f"The {sensor} in {where} is {value}{unit}{when}.{old}")
+        elif status in _STATUS_PHRASES:
+            phrase = _STATUS_PHRASES[str(status)]
+            parts.append(f"The {sensor} sensor in {where} ({reading.get('sensor_id')}) {phrase}.")
+        else:
+            return None  # an unusual value (an object, a new status): the model reads it
+    return " ".join(parts)
+
+
+def _history(data: Mapping[str, Any]) -> str | None:
+    where = data.get("room_name") or data.get("room_id")
+    kind = _SENSOR_WORDS.get(str(data.get("sensor_type")), str(data.get("sensor_type")))
+    series = [s for s in data.get("series") or [] if isinstance(s, dict)]
+    window = f"from {_when(data.get('from'))} to {_when(data.get('to'))}"
+    if not series:
+        return f"No {kind} sensor is installed in {where}, so there is no {kind} history."
+    parts = []
+    for entry in series:
+        summary = entry.get("summary")
+        unit = f" {entry['unit']}" if entry.get("unit") else ""
+        if isinstance(summary, dict):
+            parts.append(
+                f"The {kind} in {where} {window} ({summary.get('count')} readings) ranged from "
+                f"{_number(summary.get('min'))}{unit} (at {_when(summary.get('min_at'))}) to "
+                f"{_number(summary.get('max'))}{unit} (at {_when(summary.get('max_at'))}), "
+                f"averaging {_number(summary.get('mean'))}{unit}; the latest was "
+                f"{_number(summary.get('last'))}{unit} at {_when(summary.get('last_at'))}."
+            )
+        elif entry.get("note"):
+            sensor = entry.get("sensor_id")
+            parts.append(f"The {kind} sensor in {where} ({sensor}): {entry['note']}.")
+        else:
+            return None
+    return " ".join(parts)
