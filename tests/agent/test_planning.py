@@ -29,6 +29,13 @@ HARBOR_ROOMS = [
 ACME_STAFF = mesh_user("u-acme", ("acme", "business_staff"))
 
 
+def planned(make_local_agent: Any, model: Any) -> Agent:
+    """An agent that plans first and lets the model write every answer (composing off: these
+    tests look at what the model is offered; tests/agent/test_composing.py covers the rest)."""
+    agent: Agent = make_local_agent(model, plan_first="on", compose_answers=False)
+    return agent
+
+
 def json_model(*replies: ChatResult) -> ScriptedModel:
     return ScriptedModel(*replies, tool_calling_mode="json_schema")
 
@@ -55,7 +62,7 @@ async def test_a_named_building_is_resolved_before_the_model_is_called(
     """Name -> id -> rooms -> occupancy run as the caller before the model's first call; the
     model only writes the answer (and can only pick the ids the steps returned)."""
     model = json_model(text_reply("Loading Dock A and B are in use."))
-    agent: Agent = make_local_agent(model, plan_first="on", compose_answers=False)
+    agent: Agent = planned(make_local_agent, model)
 
     answer = await agent.answer("How busy is Harbor Warehouse right now?", NORTHWIND_STAFF)
 
@@ -104,7 +111,7 @@ async def test_a_room_the_question_types_by_id_gets_its_measurement(
     arguments: dict[str, Any],
 ) -> None:
     model = json_model(text_reply("Here is what the sensor says."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(question, user)
+    answer = await planned(make_local_agent, model).answer(question, user)
 
     assert [c.name for c in answer.tool_calls] == calls
     assert answer.tool_calls[-1].arguments == arguments
@@ -118,7 +125,7 @@ async def test_a_typed_room_id_the_caller_may_not_see_gets_the_one_not_found_ans
     results = []
     for room in ("room-harbor-cold-store", "room-harbor-nowhere"):
         model = json_model(text_reply("I could not find that room."))
-        answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
+        answer = await planned(make_local_agent, model).answer(
             f"What is the temperature in room {room}?", ACME_STAFF
         )
         (call,) = answer.tool_calls
@@ -151,7 +158,7 @@ async def test_the_measurement_a_question_asks_for_runs_on_the_room_it_names(
     make_local_agent: Any, question: str, call: str, arguments: dict[str, Any]
 ) -> None:
     model = json_model(text_reply("Here is what the sensors say."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(question, ACME_STAFF)
+    answer = await planned(make_local_agent, model).answer(question, ACME_STAFF)
 
     assert [c.name for c in answer.tool_calls] == ["list_buildings", "get_building", call]
     assert answer.tool_calls[-1].arguments == arguments
@@ -160,9 +167,7 @@ async def test_the_measurement_a_question_asks_for_runs_on_the_room_it_names(
 
 async def test_no_measurement_when_the_intent_is_unclear(make_local_agent: Any) -> None:
     model = json_model(text_reply("Acme Tower has a Lobby, a Cafeteria and room 12A."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
-        "Tell me about Acme Tower.", ACME_STAFF
-    )
+    answer = await planned(make_local_agent, model).answer("Tell me about Acme Tower.", ACME_STAFF)
     assert [c.name for c in answer.tool_calls] == ["list_buildings", "get_building"]
 
 
@@ -177,7 +182,7 @@ async def test_unknown_and_forbidden_building_names_plan_the_same(
         "How busy is Riverside Mall right now?",
     ):
         model = json_model(text_reply("I don't know."))
-        answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(question, ACME_STAFF)
+        answer = await planned(make_local_agent, model).answer(question, ACME_STAFF)
         request = model.requests[0]
         seen.append(
             (
@@ -201,7 +206,7 @@ async def test_a_typed_building_id_is_grounded_before_the_model_writes(
     prompts = []
     for building in ("bld-mars-base-7", "bld-northwind-harbor"):
         model = json_model(text_reply("I could not find that building."))
-        agent: Agent = make_local_agent(model, plan_first="on", compose_answers=False)
+        agent: Agent = planned(make_local_agent, model)
         answer = await agent.answer(f"Which rooms does building {building} have?", ACME_STAFF)
 
         (call,) = answer.tool_calls
@@ -220,7 +225,7 @@ async def test_id_tools_are_not_offered_before_an_id_is_known(make_local_agent: 
         tool_calls_reply(tool_call("list_buildings", {})),
         text_reply("Which building's lobby do you mean: Acme Tower or Acme Labs?"),
     )
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
+    answer = await planned(make_local_agent, model).answer(
         "How many people are in the lobby right now?", ACME_STAFF
     )
 
@@ -247,7 +252,7 @@ async def test_a_documentation_question_gets_a_compact_search_up_front(
     ]
     model = json_model(text_reply("It defaults to 900 seconds. [^c-stale]"))
 
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
+    answer = await planned(make_local_agent, model).answer(
         "What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF
     )
 
@@ -285,7 +290,7 @@ async def test_a_paraphrase_close_to_a_chunk_is_documentation_and_never_declined
     ]
     model = json_model(text_reply("The endpoint was disabled; re-enable it. [^c-e1039]"))
 
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
+    answer = await planned(make_local_agent, model).answer(
         "Our receiver was down for hours and now nothing arrives - what happened?", ACME_STAFF
     )
 
@@ -298,7 +303,7 @@ async def test_a_paraphrase_close_to_a_chunk_is_documentation_and_never_declined
 
 async def test_a_greeting_is_offered_no_tool(make_local_agent: Any) -> None:
     model = json_model(text_reply("Hello! I can help with your buildings."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer("Hello!", ACME_STAFF)
+    answer = await planned(make_local_agent, model).answer("Hello!", ACME_STAFF)
 
     assert answer.tool_calls == []
     assert model.requests[0].tools == ()
@@ -386,7 +391,7 @@ async def test_a_question_for_the_callers_buildings_gets_the_list_shown(
     make_local_agent: Any, question: str
 ) -> None:
     model = json_model(text_reply("You can see Harbor Warehouse."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(question, NORTHWIND_STAFF)
+    answer = await planned(make_local_agent, model).answer(question, NORTHWIND_STAFF)
 
     assert [c.name for c in answer.tool_calls] == ["list_buildings"]
     request = model.requests[0]
@@ -398,7 +403,7 @@ async def test_a_question_for_the_callers_buildings_gets_the_list_shown(
 async def test_a_room_name_is_not_read_as_the_measurement_asked_for(make_local_agent: Any) -> None:
     """ "Cold Store" names a room; it does not ask for a temperature."""
     model = json_model(text_reply("The Cold Store has no occupancy sensor."))
-    answer = await make_local_agent(model, plan_first="on", compose_answers=False).answer(
+    answer = await planned(make_local_agent, model).answer(
         "How many people are in the Cold Store at Harbor Warehouse (room room-harbor-cold-store)"
         " at the moment?",
         NORTHWIND_STAFF,
