@@ -68,7 +68,8 @@ async def test_a_verdict_over_http_with_a_json_schema_response_format(
     assert body["temperature"] == 0.0
     assert body["response_format"]["type"] == "json_schema"
     schema = body["response_format"]["json_schema"]["schema"]
-    assert schema["required"] == ["pass", "score", "reason"]
+    assert schema["required"] == ["reason", "pass", "score"]
+    assert list(schema["properties"]) == ["reason", "pass", "score"]  # the reason first
     assert "10 minutes." in body["messages"][1]["content"]
     assert judge.stats.calls == 1 and judge.stats.input_tokens == 120
     assert judge.stats.estimated_usd is not None and judge.stats.estimated_usd > 0
