@@ -43,7 +43,8 @@ _ANSWERABLE = content_words(
     "humid door counter installed fitted there have has inventory which what how many much "
     "high low warm cold hot change changed history trend last past hour day week report "
     "reporting working live latest list show see access can tell give please currently "
-    "average min max lowest highest least most floor rooms buildings know"
+    "average min max lowest highest least most floor rooms buildings know planned plan "
+    "seat seats size big large type kind where located location detail details about"
 )
 
 CAPABILITIES = (
@@ -182,6 +183,8 @@ def _measurement(question: str, step: ToolOutcome, names: Mapping[str, str]) -> 
         return _occupancy(question, data, names)
     if step.name == "list_sensors":
         return _inventory(data)
+    if step.name == "get_room":
+        return _room(data)
     if step.name == "get_latest_sensor_data":
         return _latest(step, data)
     if step.name == "get_sensor_history":
@@ -201,6 +204,24 @@ def _buildings(data: Mapping[str, Any]) -> str:
     count = len(buildings)
     more = " (the list is truncated)" if data.get("truncated") else ""
     return f"You can see {count} building{'s' if count != 1 else ''}{more}: {listed}."
+
+
+def _room(data: Mapping[str, Any]) -> str | None:
+    room, building = data.get("room") or {}, data.get("building") or {}
+    if not room.get("name"):
+        return None
+    where = f" in {building['name']}" if building.get("name") else ""
+    facts = []
+    if room.get("floor") is not None:
+        facts.append(f"is on floor {room['floor']}")
+    if room.get("capacity") is not None:
+        facts.append(f"is planned for {room['capacity']} people (its capacity)")
+    if room.get("type"):
+        facts.append(f"is of type {str(room['type']).replace('_', ' ')}")
+    listed = (
+        ", ".join(facts[:-1]) + (" and " if len(facts) > 1 else "") + facts[-1] if facts else ""
+    )
+    return f"{room['name']} ({room.get('room_id')}){where} {listed}.".replace(" .", ".")
 
 
 def _rooms(data: Mapping[str, Any]) -> str:

@@ -38,6 +38,12 @@ _READING = re.compile(
 )
 # "Which buildings can I see?", "List all the buildings": the caller's building list.
 _BUILDING_LIST = re.compile(r"\b(which|what|list|show|all)\b[^?.]*\bbuildings\b", re.IGNORECASE)
+# A room's planned size or place, not its live count: "how many people is it planned for",
+# "can it hold", "which floor". A live word ("now", "currently") keeps the occupancy reading.
+_DETAILS = re.compile(
+    r"\b(planned for|can (it )?hold|capacity|fit|seats?|how big|size|(which|what) floor)\b"
+)
+_LIVE = re.compile(r"\b(now|currently|current|at the moment|live|today)\b")
 _HISTORY = re.compile(
     r"\b(history|trend|over the (last|past)|during the (last|past)|changed?|since)\b"
 )
@@ -48,6 +54,7 @@ _WEEK = re.compile(r"\b(last|past)\s+(week|7 days)\b")
 @dataclass(frozen=True)
 class LiveIntent:
     occupancy: bool = False
+    details: bool = False  # the room's floor, capacity, type (get_room)
     inventory: bool = False
     reading: bool = False
     history_hours: int | None = None
@@ -74,9 +81,13 @@ def live_intent(question: str) -> LiveIntent:
     reading = sensor_type is not None and not history and bool(_READING.search(text))
     if "sensor" in text and "reporting" in text:
         reading = True  # "is the temperature sensor reporting": the latest reading says
-    occupancy = bool(_OCCUPANCY.search(text)) and sensor_type is None and not inventory
+    details = bool(_DETAILS.search(text)) and not _LIVE.search(text)
+    occupancy = (
+        bool(_OCCUPANCY.search(text)) and sensor_type is None and not inventory and not details
+    )
     return LiveIntent(
         occupancy=occupancy,
+        details=details,
         inventory=inventory and not reading,
         reading=reading,
         history_hours=_hours(text) if history else None,

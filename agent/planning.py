@@ -342,7 +342,8 @@ class Planner:
         self, run: Run, question: str, grounded: list[tuple[NamedEntity, list[NamedEntity]]]
     ) -> AsyncIterator[AgentEvent]:
         """The one measurement the question clearly asks for, on the rooms it names (or all
-        rooms of the building, for occupancy); nothing when the intent is unclear."""
+        rooms of the building, for occupancy); a named room's details (``get_room``) when it
+        asks for no measurement; nothing when the intent is unclear."""
         all_rooms = [room for _, rooms in grounded for room in rooms]
         named = _rooms_asked_about(question, all_rooms)[:MAX_GROUNDED]
         mentions = [e.name for e in named] + [b.name for b, _ in grounded] + ids_in_text(question)
@@ -368,6 +369,8 @@ class Planner:
                     calls.append(("get_sensor_history", {**args, "hours": intent.history_hours}))
                 else:
                     calls.append(("get_latest_sensor_data", args))
+        elif intent.details or intent.sensor_type is None:  # a room's floor, capacity, type
+            calls = [("get_room", {"room_id": room.entity_id}) for room in named]
         for name, arguments in calls:
             async for item in self._visible(run, name, arguments):
                 if not isinstance(item, ToolOutcome):

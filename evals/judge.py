@@ -54,6 +54,42 @@ ANSWERED_RUBRIC = (
     "not know a detail), rather than declining or refusing it as out of scope."
 )
 
+# Worked examples, from another domain than any golden row (a print shop), in the judge's
+# system prompt: a 1.5B judge read "must not give a value" as "must give a value" and
+# failed correct "not found" and "no sensor" answers (2026-12-02). Two pass, two fail.
+CALIBRATION: tuple[tuple[str, str, str, dict[str, object]], ...] = (
+    (
+        "What is the ink level of printer P-4?",
+        "No ink cartridge is installed in printer P-4, so there is no ink level for it.",
+        "Says P-4 has no ink cartridge installed, or that it does not know. It must not give "
+        "an ink level.",
+        {"reason": "It says no cartridge is installed and gives no ink level, as the rubric "
+         "asks.", "pass": True, "score": 1.0},
+    ),
+    (
+        "How many pages did printer P-99 print today?",
+        "I could not find printer P-99: it does not exist, or you do not have access to it.",
+        "Says the printer was not found or is not accessible, without inventing a page count.",
+        {"reason": "It says the printer was not found and invents no count.", "pass": True,
+         "score": 1.0},
+    ),
+    (
+        "How many jobs are waiting at printer P-2?",
+        "I don't know based on the available data.",
+        "Gives the current number of waiting jobs as a concrete number.",
+        {"reason": "The rubric wants a concrete number; the answer gives none.", "pass": False,
+         "score": 0.0},
+    ),
+    (
+        "How much toner is left in printer P-7?",
+        "Printer P-7 has 40% toner left.",
+        "Says P-7's toner sensor is offline (no current reading), or that it does not know. It "
+        "must not give a toner level.",
+        {"reason": "It gives a toner level, which the rubric forbids.", "pass": False,
+         "score": 0.0},
+    ),
+)  # fmt: skip
+
 VERDICT_FORMAT = {
     "type": "json_schema",
     "json_schema": {
@@ -245,7 +281,7 @@ class Judge:
         """One verdict: a malformed reply is retried once; provider errors (after the
         client's own retries) fail at once."""
         messages = (
-            Message("system", SYSTEM_PROMPT),
+            Message("system", SYSTEM_PROMPT + _calibration()),
             Message("user", _user_prompt(question, answer, rubric)),
         )
         problem = ""
@@ -331,6 +367,15 @@ class Judge:
             self.stats.provider_usd = round(
                 (self.stats.provider_usd or 0.0) + usage.provider_cost_usd, 10
             )
+
+
+def _calibration() -> str:
+    """The worked examples, for the system prompt (a static prefix a local server caches)."""
+    examples = [
+        f"Question: {question}\nAnswer: {answer}\nRubric: {rubric}\nVerdict: {json.dumps(verdict)}"
+        for question, answer, rubric, verdict in CALIBRATION
+    ]
+    return "\n\nExamples:\n\n" + "\n\n".join(examples)
 
 
 def _user_prompt(question: str, answer: str, rubric: str) -> str:

@@ -12,6 +12,7 @@ from agent_helpers import ACME_STAFF, ADMIN, NORTHWIND_STAFF, mesh_user
 
 from agent.answer import DoneEvent, TokenEvent
 from agent.composing import compose_greeting
+from agent.intents import live_intent
 from agent.loop import Agent
 from agent.testing import ScriptedModel, text_reply
 
@@ -92,6 +93,12 @@ CASES = [
         ACME_STAFF,
         ["get_building"],
         ["Lobby", "Cafeteria", "12A"],
+    ),
+    (
+        "Which floor is room room-acme-tower-conf-12a on, and how many people is it planned for?",
+        ACME_STAFF,
+        ["get_room"],
+        ["floor 12", "planned for 14 people"],
     ),
     ("Which buildings can I see?", NORTHWIND_STAFF, ["list_buildings"], ["Harbor Warehouse"]),
     ("Which buildings can I see?", NOBODY, ["list_buildings"], ["cannot see any buildings"]),
@@ -182,3 +189,19 @@ async def test_a_composed_answer_streams_as_one_token_then_done(make_local_agent
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert "".join(t.text for t in tokens) == done.response.answer
+
+
+@pytest.mark.parametrize(
+    ("question", "details", "occupancy"),
+    [
+        ("Which floor is it on, and how many people is it planned for?", True, False),
+        ("How many people can it hold?", True, False),
+        ("How many people are in it right now?", False, True),
+        ("What is its capacity and how many people are in it now?", False, True),
+    ],
+)
+def test_a_rooms_planned_size_is_not_its_live_count(
+    question: str, details: bool, occupancy: bool
+) -> None:
+    intent = live_intent(question)
+    assert (intent.details, intent.occupancy) == (details, occupancy)

@@ -258,5 +258,6 @@ def test_the_golden_dataset_if_present_is_valid() -> None:
     dataset = load_dataset(path)
     assert len(dataset.cases) >= 40
     marked = [case.row.xfail for case in dataset.cases if case.row.xfail is not None]
-    # every marker names the model(s) it is about; none hides a row for every model
-    assert marked and all(m.models and "*" not in m.models for m in marked)
+    # every marker names the model(s) it is about; none hides a row for every model (the
+    # local models' markers were removed for issue 14's run of record: there may be none)
+    assert all(m.models and "*" not in m.models for m in marked)
