@@ -217,6 +217,7 @@ class Planner:
             greeting=greeting,
             entities=len(named) + len(entities.ids.get("building", {})),
             doc_tokens_found=any(token in text for token in tokens for text in texts),
+            doc_tokens=bool(tokens),
             doc_coverage=best_coverage(question, texts),
             doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
             building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
@@ -240,8 +241,8 @@ class Planner:
                         yield item
             async for event in self._measure(run, question, grounded):
                 yield event
-        if decision.wants_docs and search is not None and hits:
-            yield self._show_docs(run, search, question)
+        if decision.wants_docs and search is not None and (hits or search.ok):
+            yield self._show_docs(run, search, question)  # none found: shown as such
         self._flush(run, question, decision)
         answer = self._composed(question, signals, decision)
         yield Plan(decision, self._offered(decision, specs), answer=answer)

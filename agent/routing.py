@@ -20,7 +20,8 @@ The rules, and why:
 * A question whose content words the best retrieved chunk mostly covers
   (``coverage >= DOC_COVERAGE``) is documentation, but may still be declined: paraphrased
   off-topic requests ("translate 'the meeting room is full'") cover a few words by chance.
-* Named or typed entities make it live data; with a strong documentation match, both.
+* Named or typed entities make it live data; with a documented token (found or not: the
+  documentation's silence is an answer too), both.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class RouteSignals:
     entities: int = 0  # buildings/rooms named, plus ids typed
     building_list: bool = False  # the question asks which buildings the caller has
     doc_tokens_found: bool = False  # a documented token of the question is in retrieved text
+    doc_tokens: bool = False  # the question names a documented-looking token at all
     doc_coverage: float = 0.0  # best chunk's coverage of the question's content words
     doc_similarity: float = 0.0  # cosine of the question and the closest retrieved chunk
 
@@ -125,7 +127,9 @@ def route(signals: RouteSignals) -> RouteDecision:
     strong_docs = signals.doc_tokens_found
     docs = strong_docs or signals.doc_coverage >= DOC_COVERAGE
     if signals.entities:
-        if strong_docs:
+        if strong_docs or signals.doc_tokens:
+            # Even a token the caller's search does not find: the question asks about a
+            # document ("rule set NW-HARBOR-CAP-3"), and an empty result says so.
             return RouteDecision("both", False, "entities and a documented token")
         return RouteDecision("live_data", False, "the question names a building, room or id")
     if signals.building_list:
