@@ -23,6 +23,7 @@ signs to ``-``):
 * **times and dates**: ``14:05``, ``2 pm``, ``2025-03-04`` must be an instant or clock time in
   the evidence (ISO timestamps in tool results count as their date, ``HH:MM`` and
   ``HH:MM:SS``); a whole hour (``3 am``) is also grounded by the bare number.
+* **versions**: ``version 1.0``, ``firmware 2.3.1`` must appear as that string.
 * **ids**: entity ids (``bld-``, ``room-``, ``sen-``, ``rm-`` prefixes) and upper-case codes
   and keys (``CV-E1033``, ``SP-25``, ``SENSOR_STALE_AFTER_SECONDS``), matched as whole tokens,
   case-insensitively. Their digits are never read as numbers; nor are those of words such as
@@ -143,6 +144,13 @@ def _within(numbers: tuple[Decimal, ...], value: Decimal, tolerance: Decimal) ->
     return i < len(numbers) and numbers[i] <= value + tolerance
 
 
+# "firmware version 1.0", "release 2.3.1": a version is an identifier, grounded only by the
+# same string in the evidence, never by a stray digit (the 1.5B invented "version 1.0").
+_VERSION = re.compile(
+    r"\b(?:firmware(?:\s+version)?|version|release|build)\s+(v?\d+(?:\.\d+)*)\b", re.IGNORECASE
+)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a run's answer may draw on: numbers (sorted, absolute; ``readings`` the subset
@@ -247,6 +255,7 @@ class _Scanner:
         self.sub(_DATETIME, self._datetime)
         self.sub(_CLOCK, self._clock)
         self.sub(_HOUR_AMPM, lambda m: _clock_claim(m.group(0), int(m.group(1)), 0, None, m[2]))
+        self.sub(_VERSION, lambda m: Claim("id", m.group(0), key=m.group(1).casefold()))
         self.sub(_DASHED, self._dashed)
         self.sub(_ALNUM)
         self.sub(_DESIGNATOR, self._designator)

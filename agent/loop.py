@@ -67,6 +67,7 @@ from agent.prompts import (
     IDK_MARKER,
     Mode,
     SystemPrompt,
+    is_idk,
     load_system_prompt,
 )
 from agent.run_state import Run, citation_out, tool_trace
@@ -329,7 +330,8 @@ class Agent:
             log.warning("composed answer not grounded (%s); asking the model", "; ".join(missing))
             return []
         run.notes.append("answer composed by the service from the tool results (no model call)")
-        done = DoneEvent(response=run.response(text, "answered"))
+        idk = is_idk(text)
+        done = DoneEvent(response=run.response(text, "idk" if idk else "answered", idk=idk))
         return [TokenEvent(text=text), done] if streaming else [done]
 
     @property

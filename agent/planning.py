@@ -45,6 +45,7 @@ from agent.entities import (
 from agent.intents import LiveIntent, asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
+from agent.prompts import IDK_MARKER
 from agent.routing import (
     RouteDecision,
     RouteSignals,
@@ -145,6 +146,20 @@ def _reminder(question: str, decision: RouteDecision) -> str:
     return f"The question was: {question}\n{use} Call another tool only if you still need data."
 
 
+def _names(hit: SearchHit, token: str) -> bool:
+    """Whether the chunk's text or its section heading holds ``token`` (an error code's
+    reference entry names it in its heading only: "CV-E1014 – No readings yet")."""
+    token = token.casefold()
+    return token in hit.text.casefold() or token in hit.section.casefold()
+
+
+def _defining_first(hits: Sequence[SearchHit], tokens: Sequence[str]) -> tuple[SearchHit, ...]:
+    """The hits whose section heading names one of the tokens first (the token's own entry,
+    not a page that mentions it in passing), otherwise in the search's order."""
+    defining = [h for h in hits if any(t.casefold() in h.section.casefold() for t in tokens)]
+    return (*defining, *(h for h in hits if h not in defining))
+
+
 def _without(question: str, mentions: Sequence[str]) -> str:
     """The question without the names and ids it mentions: "the Cold Store" or
     "room-harbor-cold-store" says nothing about temperature."""
@@ -211,12 +226,14 @@ class Planner:
             # the whole sentence buries it under the question's common words.
             query = " ".join(tokens) if tokens else question
             search = await self._execute(run, "search_docs", {"query": query[:500]})
+        if search is not None and search.ok and tokens:
+            search = dataclasses.replace(search, chunks=_defining_first(search.chunks, tokens))
         hits = list(search.chunks) if search is not None and search.ok else []
         texts = [hit.text for hit in hits]
         signals = RouteSignals(
             greeting=greeting,
             entities=len(named) + len(entities.ids.get("building", {})),
-            doc_tokens_found=any(token in text for token in tokens for text in texts),
+            doc_tokens_found=any(_names(hit, token) for token in tokens for hit in hits),
             doc_tokens=bool(tokens),
             doc_coverage=best_coverage(question, texts),
             doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
@@ -255,6 +272,12 @@ class Planner:
             return None
         if decision.route == "greeting":
             return compose_greeting(question)
+        if (
+            decision.route == "documentation"
+            and signals.doc_tokens
+            and not (signals.doc_tokens_found)
+        ):
+            return IDK_MARKER  # the caller's documentation does not hold what it names
         if decision.route != "live_data":
             return None
         return compose_live(

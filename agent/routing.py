@@ -12,6 +12,9 @@ The rules, and why:
   such as ``SENSOR_STALE_AFTER_SECONDS``) that the retrieved text contains is documentation
   and is never declined as off-topic: small models decline such questions as "not about
   buildings".
+* A question that names such a token the caller's search does not find is documentation
+  too, answered "I don't know" (the page does not exist or the caller may not see it; the
+  two read the same), never declined.
 * A question whose embedding is close to a chunk's (``similarity >= DOC_SIMILARITY``) is
   documentation and is never declined: paraphrases share few words with the page that
   answers them, but their meaning is close. Measured on the golden set (2026-12-02,
@@ -136,6 +139,9 @@ def route(signals: RouteSignals) -> RouteDecision:
         return RouteDecision("live_data", False, "the question asks for the caller's buildings")
     if strong_docs:
         return RouteDecision("documentation", False, "a documented token the search found")
+    if signals.doc_tokens:
+        why = "a documented token the caller's search does not find"
+        return RouteDecision("documentation", False, why)
     if signals.greeting:
         return RouteDecision("greeting", True, "a greeting")
     if signals.doc_similarity >= DOC_SIMILARITY:

@@ -27,6 +27,9 @@ from serve_app.local_llm.settings import LocalLLMSettings
 log = logging.getLogger(__name__)
 
 
+LOOKUP_NGRAM = 3  # tokens matched in the context before a draft is proposed
+
+
 class LocalLLMServerError(RuntimeError):
     """llama.cpp's server could not be started or is not running."""
 
@@ -55,6 +58,7 @@ class LocalLLMServer:
         cache_ram_mib: int = 1024,
         verbosity: int = 1,
         api_key: str | None = None,
+        draft_tokens: int = 0,
     ) -> None:
         self.model_path = Path(model_path)
         self.model_name = model_name
@@ -67,6 +71,7 @@ class LocalLLMServer:
         self.cache_ram_mib = cache_ram_mib
         self.verbosity = verbosity
         self.api_key = api_key
+        self.draft_tokens = draft_tokens
         self.load_seconds: float | None = None
         self._server: Any = None
         self._base_url: str | None = None
@@ -86,6 +91,7 @@ class LocalLLMServer:
             batch_threads=settings.effective_batch_threads,
             context=settings.context,
             parallel=settings.parallel,
+            draft_tokens=settings.draft_tokens,
             **kwargs,
         )
 
@@ -116,6 +122,15 @@ class LocalLLMServer:
         params.verbosity = self.verbosity
         if self.api_key:
             params.api_keys = [self.api_key]
+        if self.draft_tokens:
+            # Prompt lookup: a 3-token n-gram of the context that the reply is repeating
+            # proposes the tokens that followed it there.
+            speculative = params.speculative
+            speculative.types = [
+                xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
+            ]
+            speculative.ngram_simple.size_n = LOOKUP_NGRAM
+            speculative.ngram_simple.size_m = self.draft_tokens
         return params
 
     def start(self) -> str:

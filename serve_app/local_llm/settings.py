@@ -73,6 +73,11 @@ class LocalLLMSettings:
     only; the threads settings decide what llama.cpp really uses).
     ``timeout_seconds``: ``LOCAL_LLM_TIMEOUT_SECONDS``, longest wait for the upstream server
     between two bytes of a reply.
+    ``draft_tokens``: ``LOCAL_LLM_DRAFT_TOKENS``, prompt-lookup speculative decoding: up to
+    this many tokens drafted from an n-gram of the context that the reply repeats (answers
+    copy phrases of the documentation and the JSON step's skeleton), verified in one batch;
+    0 turns it off. The output is the same as without it (drafts are only accepted where the
+    model would have chosen them).
     """
 
     home: Path = DEFAULT_HOME
@@ -86,6 +91,7 @@ class LocalLLMSettings:
     route_prefix: str = DEFAULT_ROUTE_PREFIX
     num_cpus: float = 0.5
     timeout_seconds: float = 600.0
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check(self.threads >= 1, "LOCAL_LLM_THREADS", "must be at least 1")
@@ -99,6 +105,7 @@ class LocalLLMSettings:
         _check(self.route_prefix.startswith("/"), "LOCAL_LLM_ROUTE_PREFIX", "must start with '/'")
         _check(0 <= self.num_cpus <= 1024, "LOCAL_LLM_NUM_CPUS", "must be 0..1024")
         _check(self.timeout_seconds > 0, "LOCAL_LLM_TIMEOUT_SECONDS", "must be positive")
+        _check(0 <= self.draft_tokens <= 64, "LOCAL_LLM_DRAFT_TOKENS", "must be 0..64")
         _check(bool(self.model_name.strip()), "LOCAL_LLM_MODEL_NAME", "must not be empty")
         object.__setattr__(self, "models", self._checked_models())
         # "/llm/" and "/llm" are the same prefix; Serve wants no trailing slash.
@@ -220,8 +227,9 @@ _VARIABLES: dict[str, str] = {
     "route_prefix": "LOCAL_LLM_ROUTE_PREFIX",
     "num_cpus": "LOCAL_LLM_NUM_CPUS",
     "timeout_seconds": "LOCAL_LLM_TIMEOUT_SECONDS",
+    "draft_tokens": "LOCAL_LLM_DRAFT_TOKENS",
 }
-_INTS = {"threads", "batch_threads", "context", "parallel"}
+_INTS = {"threads", "batch_threads", "context", "parallel", "draft_tokens"}
 _FLOATS = {"num_cpus", "timeout_seconds"}
 
 

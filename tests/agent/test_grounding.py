@@ -133,6 +133,13 @@ def test_codes_and_keys_are_ids_not_numbers() -> None:
     assert missing("Set ALERT_MAX_RATE.", doc) == ["ALERT_MAX_RATE"]
 
 
+def test_a_version_is_grounded_only_by_the_same_string() -> None:
+    """The 1.5B answered "firmware version 1.0" from a result with a floor of 1 (2026-12-02)."""
+    result = '{"floor": 1, "sensors": [{"sensor_id": "sen-1", "sensor_type": "co2"}]}'
+    assert missing("It runs firmware version 1.0.", result) == ["firmware version 1.0"]
+    assert missing("It runs firmware 2.4.1 (release 7).", '{"firmware": "2.4.1"}') == ["release 7"]
+
+
 def test_entity_ids_are_checked_whole() -> None:
     result = {"rooms": [{"room_id": "room-acme-tower-conf-12a", "name": "Conference Room 12A"}]}
     assert missing("Room room-acme-tower-conf-12a.", result) == []

@@ -411,3 +411,36 @@ async def test_a_room_name_is_not_read_as_the_measurement_asked_for(make_local_a
     names = [c.name for c in answer.tool_calls]
     assert names == ["list_buildings", "get_building", "get_room_occupancy"]
     assert answer.tool_calls[-1].arguments == {"room_ids": ["room-harbor-cold-store"]}
+
+
+async def test_a_token_named_only_in_a_section_heading_is_found_and_its_entry_shown_first(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    """An error code's reference entry names it in its heading only; a page that mentions it
+    in passing ranks first in the search but is not its definition."""
+    passing = hit("c-api", "A sensor that never reported returns 404 with CV-E1014.")
+    entry = dataclasses.replace(
+        hit("c-entry", "The sensor is registered but has never sent a reading."),
+        section="Error code reference > CV-E1014 – No readings yet",
+    )
+    retriever.hits = [passing, entry]
+    model = json_model(text_reply("It means the sensor never reported. [1]"))
+    answer = await planned(make_local_agent, model).answer("When do I get CV-E1014?", ACME_STAFF)
+
+    assert "route: documentation (a documented token the search found)" in answer.notes
+    shown = model.requests[0].messages[-2].content or ""
+    assert shown.index("No readings yet") < shown.index("returns 404")
+
+
+async def test_a_token_the_callers_search_does_not_find_is_answered_idk_after_the_search(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    """A hidden or unknown page's token: the search runs (and is in the trace), the answer is
+    IDK, never a decline; the same for a page that does not exist."""
+    retriever.hits = [hit("c-other", "Alerts repeat at most once per cooldown period.")]
+    answer = await make_local_agent(ScriptedModel(), plan_first="on").answer(
+        "What is Procedure KESTREL-7 and which command locks out a gateway?", ACME_STAFF
+    )
+    assert [c.name for c in answer.tool_calls] == ["search_docs"]
+    assert answer.decision == "idk" and answer.idk and answer.citations == []
+    assert any("does not find" in note for note in answer.notes)

@@ -58,6 +58,8 @@ def test_routes() -> None:
     assert both.route == "both" and not both.allow_refusal
     # a token the caller's search did not find ("rule set NW-HARBOR-CAP-3"): still both
     assert route(RouteSignals(entities=1, doc_tokens=True)).route == "both"
+    unknown = route(RouteSignals(doc_tokens=True))  # a token the caller's search cannot find
+    assert unknown.route == "documentation" and not unknown.allow_refusal
     docs = route(RouteSignals(doc_tokens_found=True))
     assert docs.route == "documentation" and not docs.allow_refusal
     loose = route(RouteSignals(doc_coverage=0.8))

@@ -53,6 +53,27 @@ def test_params_follow_the_settings(tmp_path: Path) -> None:
     assert params.cache_ram_mib == 1024
 
 
+def test_prompt_lookup_drafting_is_off_unless_asked_for(tmp_path: Path) -> None:
+    import xllamacpp
+
+    model = tmp_path / "m.gguf"
+    plain = LocalLLMServer.from_settings(LocalLLMSettings(model_path=model), model_path=model)
+    none = xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE
+    assert list(plain.build_params().speculative.types) == [none]
+
+    settings = LocalLLMSettings.from_env(
+        {"LOCAL_LLM_MODEL_PATH": str(model), "LOCAL_LLM_DRAFT_TOKENS": "8"}
+    )
+    speculative = (
+        LocalLLMServer.from_settings(settings, model_path=model).build_params().speculative
+    )
+    ngram = xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE
+    assert list(speculative.types) == [ngram]
+    assert (speculative.ngram_simple.size_n, speculative.ngram_simple.size_m) == (3, 8)
+    with pytest.raises(Exception, match="LOCAL_LLM_DRAFT_TOKENS"):
+        LocalLLMSettings.from_env({"LOCAL_LLM_DRAFT_TOKENS": "99"})
+
+
 def test_a_stopped_server_has_no_address(tmp_path: Path) -> None:
     server = LocalLLMServer(tmp_path / "m.gguf")
     assert not server.running
