@@ -243,37 +243,42 @@ def _occupancy(question: str, data: Mapping[str, Any], names: Mapping[str, str])
     if not rooms:
         return None
     lines: list[str] = []
-    counted: list[tuple[float, str]] = []
+    counted: list[tuple[float, str]] = []  # (utilisation, else people), room label
     for room in rooms:
-        room_id = str(room.get("room_id"))
-        label = names.get(room_id, room_id)
-        if room.get("error"):
-            lines.append(f"{label}: not found or not accessible")
-            continue
-        people, capacity = _number(room.get("occupancy")), _number(room.get("capacity"))
-        if people is None:
-            cap = f" (capacity {capacity})" if capacity else ""
-            lines.append(f"{label}: no live people count{cap}, the room has no working "
-                         "occupancy sensor")  # fmt: skip
-            continue
-        share = room.get("utilisation")
-        percent = f", {share:.0%}" if isinstance(share, int | float) and capacity else ""
-        of = f" of {capacity}" if capacity else ""
-        lines.append(f"{label}: {people}{of} people{percent}")
-        rank = share if isinstance(share, int | float) else room["occupancy"]
-        counted.append((float(rank), label))
+        label = names.get(str(room.get("room_id")), str(room.get("room_id")))
+        line, rank = _occupancy_line(label, room)
+        lines.append(line)
+        if rank is not None:
+            counted.append((rank, label))
+    return f"{_superlative(question, counted)}Live occupancy: {'; '.join(lines)}."
+
+
+def _occupancy_line(label: str, room: Mapping[str, Any]) -> tuple[str, float | None]:
+    """One room's reading in words, and what ranks it (None: no live count)."""
+    if room.get("error"):
+        return f"{label}: not found or not accessible", None
+    people, capacity = _number(room.get("occupancy")), _number(room.get("capacity"))
+    if people is None:
+        cap = f" (capacity {capacity})" if capacity else ""
+        return f"{label}: no live people count{cap}, the room has no working occupancy sensor", None
+    share = room.get("utilisation")
+    percent = f", {share:.0%}" if isinstance(share, int | float) and capacity else ""
+    of = f" of {capacity}" if capacity else ""
+    rank = share if isinstance(share, int | float) else room["occupancy"]
+    return f"{label}: {people}{of} people{percent}", float(rank)
+
+
+def _superlative(question: str, counted: Sequence[tuple[float, str]]) -> str:
+    """ "The busiest room right now is X. " where the question asks which room is busiest
+    (or least busy) and more than one room has a count; else nothing."""
     lower = question.lower()
-    lead = ""
-    if len(counted) > 1 and (_BUSIEST.search(lower) or _QUIETEST.search(lower)):
-        pick = max if _BUSIEST.search(lower) else min
-        word = "busiest" if pick is max else "least busy"
-        value, label = pick(counted)
-        lead = f"The {word} room right now is {label}. "
-        if value == 0 and pick is max:
-            lead = "Every room with a people count is empty right now. "
-    heading = "Live occupancy" if len(lines) > 1 else "Live occupancy:"
-    body = "; ".join(lines)
-    return f"{lead}{heading}{': ' if len(lines) > 1 else ' '}{body}."
+    busiest, quietest = _BUSIEST.search(lower), _QUIETEST.search(lower)
+    if len(counted) < 2 or not (busiest or quietest):
+        return ""
+    value, label = max(counted) if busiest else min(counted)
+    if busiest and value == 0:
+        return "Every room with a people count is empty right now. "
+    return f"The {'busiest' if busiest else 'least busy'} room right now is {label}. "
 
 
 def _inventory(data: Mapping[str, Any]) -> str:
