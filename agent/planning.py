@@ -420,7 +420,11 @@ class Planner:
             return ()
         if decision.route == "documentation":
             return tuple(spec for spec in specs if spec.name == "search_docs")
-        if decision.route == "live_data":
+        if decision.route in ("live_data", "open"):
+            # open: the service's search with the whole question already matched poorly; a
+            # second search by the small model found weak chunks it answered from anyway
+            # ("switch to dark mode under Settings > Appearance"), so it may decline, say it
+            # does not know, or use the live-data tools.
             return tuple(spec for spec in specs if spec.name != "search_docs")
         return tuple(specs)
 

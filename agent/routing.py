@@ -2,9 +2,10 @@
 
 Routes: ``greeting`` (no tools), ``live_data`` (the question names a building or room the
 caller can see, or types an id), ``documentation`` (the documentation search matches it
-well), ``both``, and ``open`` (no signal: the model chooses among every tool, and may
-decline, as a plain agent loop does). A route decides what the model is offered: which
-tools, whether it may decline, and which context the service fetched up front.
+well), ``both``, and ``open`` (no signal: the model may decline, say it does not know, or
+use the live-data tools; the service's search already matched poorly, so it is not offered
+again). A route decides what the model is offered: which tools, whether it may decline, and
+which context the service fetched up front.
 
 The rules, and why:
 

@@ -299,6 +299,8 @@ async def test_a_paraphrase_close_to_a_chunk_is_documentation_and_never_declined
     assert has_decline(request) is declinable
     shown = [c.name for c in answer.tool_calls]
     assert shown == (["search_docs"] if route == "documentation" else [])
+    # open: the service's search matched poorly, so the model is not offered another one
+    assert ("search_docs" in tool_branches(request)) is (route == "documentation")
 
 
 async def test_a_greeting_is_offered_no_tool(make_local_agent: Any) -> None:
