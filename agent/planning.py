@@ -134,8 +134,8 @@ def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]
 def _reminder(question: str, decision: RouteDecision) -> str:
     if decision.wants_docs and not decision.wants_live:
         use = (
-            "Answer it in one or two sentences from the results above; sources: the number "
-            "in brackets of each result you used."
+            "Answer only what it asks, in one or two short sentences, from the results "
+            "above; sources: the number in brackets of each result you used."
         )
     else:
         use = (
