@@ -9,7 +9,8 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
-from agent.answer import AgentEvent, Decision, DoneEvent, TokenEvent
+from agent.answer import AgentEvent, CitationOut, Decision, DoneEvent, TokenEvent
+from agent.citation_support import check_support
 from agent.citations import CitationResult, extract_citations
 from agent.grounding import ungrounded
 from agent.instrumented import InstrumentedLLM, RunTrace
@@ -79,6 +80,7 @@ class Finisher:
             if grounded is not checked:  # a repaired answer: report both replies' inventions
                 extra = [i for i in grounded.hallucinated if i not in checked.hallucinated]
                 checked = dataclasses.replace(grounded, hallucinated=checked.hallucinated + extra)
+            answer, citations = self._supported(run, answer, citations)
         yield DoneEvent(
             response=run.response(
                 answer,
@@ -88,6 +90,21 @@ class Finisher:
                 hallucinated=checked.hallucinated,
             )
         )
+
+    @staticmethod
+    def _supported(
+        run: Run, answer: str, citations: list[CitationOut]
+    ) -> tuple[str, list[CitationOut]]:
+        """The answer with each marker moved to the chunk that supports its claim
+        (``agent.citation_support``); what moved goes to ``notes``."""
+        retrieved = run.retrieved()
+        check = check_support(answer, run.question, retrieved)
+        if not check.changed:
+            return answer, citations
+        dropped, added = ", ".join(check.dropped) or "none", ", ".join(check.added) or "none"
+        run.notes.append(f"citations checked against the answer: dropped {dropped}, added {added}")
+        resolved = extract_citations(check.answer, retrieved)
+        return check.answer, [citation_out(c) for c in resolved.citations]
 
     async def _grounded(
         self, run: Run, checked: CitationResult, request: ChatRequest, trace: RunTrace, hop: int

@@ -78,11 +78,14 @@ class Run:
             hit.chunk_id: ChunkInfo(hit.source, hit.section, hit.text) for hit in self.seen_chunks
         }
 
+    @property
+    def question(self) -> str:
+        return next((m.content or "" for m in self.messages if m.role == "user"), "")
+
     def evidence(self) -> Evidence:
         """What this run's answer may draw on: the question (the user's own figures), every
         tool call's arguments and result, and the full text of every chunk retrieved."""
-        question = next((m.content or "" for m in self.messages if m.role == "user"), "")
-        texts = [question]
+        texts = [self.question]
         for message in self.messages:
             if message.role == "tool":
                 texts.append(message.content or "")

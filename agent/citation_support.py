@@ -1,0 +1,93 @@
+"""Citations that support what they mark: each group of ``[^id]`` markers is checked against
+the words of the claim it ends (the text since the previous group), and a marker whose chunk
+holds few of them gives way to the retrieved chunk that holds the most.
+
+``agent.citations`` proves a marker points at a chunk this run retrieved; this module checks
+that the chunk is the one that says it. Small models cite by position ("the first result")
+or cite every result shown; an error-code answer quoting the error-code page then cites the
+API page listed before it. The measure is lexical and deliberately conservative:
+
+* a claim's words are its content words the question does not already contain (what the
+  answer adds: "CV-E1013 means ..." is judged on what follows "means", not on "CV-E1013");
+* a chunk's support is the share of those words its heading and text contain;
+* a marker stays when its chunk's support is at least ``KEEP_RATIO`` of the best chunk's;
+* the best chunk is cited first when it holds at least ``MARGIN`` more of the words than
+  every marker that stays (a group none of whose markers stays becomes the best alone);
+* when no retrieved chunk holds ``MIN_SUPPORT`` of the claim's words (a paraphrase, a
+  summary), the markers are left as the model wrote them: no evidence either way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agent.citations import MARKER, ChunkInfo
+from agent.routing import content_words
+
+__all__ = ["KEEP_RATIO", "MARGIN", "MIN_SUPPORT", "SupportCheck", "check_support", "support"]
+
+KEEP_RATIO = 0.6
+MARGIN = 0.15
+MIN_SUPPORT = 0.4
+_GROUP = re.compile(r"(?:[ \t]*\[\^[A-Za-z0-9_-]{1,64}\])+")
+
+
+@dataclass
+class SupportCheck:
+    answer: str  # with unsupported markers replaced
+    dropped: list[str] = field(default_factory=list)  # chunk ids no longer cited there
+    added: list[str] = field(default_factory=list)  # chunk ids cited instead
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.dropped or self.added)
+
+
+def _claim_words(claim: str, question: str) -> set[str]:
+    words = content_words(claim)
+    return (words - content_words(question)) or words
+
+
+def support(words: set[str], chunk: ChunkInfo) -> float:
+    """The share of ``words`` that ``chunk``'s heading and text contain (0 for no words)."""
+    if not words:
+        return 0.0
+    return len(words & content_words(f"{chunk.section or ''} {chunk.text}")) / len(words)
+
+
+def _regroup(
+    claim: str, group: str, question: str, retrieved: Mapping[str, ChunkInfo], check: SupportCheck
+) -> str:
+    cited = [m.group(1) for m in MARKER.finditer(group)]
+    words = _claim_words(claim, question)
+    scores = {chunk_id: support(words, chunk) for chunk_id, chunk in retrieved.items()}
+    if not scores or not any(chunk_id in scores for chunk_id in cited):
+        return group  # markers this check cannot judge (invented ones are stripped elsewhere)
+    best = max(scores, key=lambda chunk_id: scores[chunk_id])
+    if scores[best] < MIN_SUPPORT:
+        return group
+    kept = [c for c in cited if scores.get(c, 0.0) >= KEEP_RATIO * scores[best]]
+    if best not in kept and scores[best] - max((scores[c] for c in kept), default=0.0) >= MARGIN:
+        kept.insert(0, best)
+    if kept == cited:
+        return group
+    check.dropped += [c for c in cited if c not in kept and c not in check.dropped]
+    check.added += [c for c in kept if c not in cited and c not in check.added]
+    lead = group[: len(group) - len(group.lstrip(" \t"))] or " "
+    return lead + " ".join(f"[^{chunk_id}]" for chunk_id in dict.fromkeys(kept))
+
+
+def check_support(answer: str, question: str, retrieved: Mapping[str, ChunkInfo]) -> SupportCheck:
+    """``answer`` with every marker group checked against the claim it ends."""
+    check = SupportCheck(answer)
+    out: list[str] = []
+    start = 0
+    for match in _GROUP.finditer(answer):
+        claim = answer[start : match.start()]
+        out += [claim, _regroup(claim, match.group(0), question, retrieved, check)]
+        start = match.end()
+    out.append(answer[start:])
+    check.answer = "".join(out)
+    return check
