@@ -12,7 +12,8 @@ The system prompt asks the model to mark claims drawn from ``search_docs`` with
   invented marker, however the text is split (its output always equals
   ``strip_hallucinated(whole text)``).
 
-This proves a marker points at a real retrieved chunk, not that the chunk supports the claim.
+This proves a marker points at a real retrieved chunk; ``agent.citation_support`` then checks
+that the chunk holds what the claim says.
 
 Stripping rule (shared by both): an invented marker is deleted, and so are partial-marker
 fragments (``[``, ``[^``, ``[^ab``) right before it, so a deletion can never glue the text

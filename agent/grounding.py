@@ -16,10 +16,10 @@ signs to ``-``):
   measurement unit: ``°C``, ``%RH``, ``ppm``, ``lux``, ``dB``, energy, or ``people``) needs a
   number the evidence states as a value: a JSON number, or a number in plain text, but not
   the digits of a timestamp, an id or a list's length ("0.00 ppm" is not grounded by
-  ``10:00:00`` or by an empty sensor list). A percentage may also come from a
-  fraction (``85%`` from ``0.85``); a duration may come in another time unit (``15 minutes``
-  from ``900``). Units are otherwise not compared: the check catches invented numbers, not a
-  real number under the wrong unit.
+  ``10:00:00``, by an empty sensor list, or "80 people" by "80% of capacity"). A
+  percentage may also come from a fraction (``85%`` from ``0.85``); a duration may come in
+  another time unit (``15 minutes`` from ``900``). Units are otherwise not compared: the
+  check catches invented numbers, not a real number under the wrong unit.
 * **times and dates**: ``14:05``, ``2 pm``, ``2025-03-04`` must be an instant or clock time in
   the evidence (ISO timestamps in tool results count as their date, ``HH:MM`` and
   ``HH:MM:SS``); a whole hour (``3 am``) is also grounded by the bare number.
@@ -122,6 +122,7 @@ _EV_DIGITS = re.compile(r"\d+(?:\.\d+)?")
 _EV_GROUPED = re.compile(r"(?<!\d)\d{1,3}(?:[, ]\d{3})+(?!\d)")
 _EV_DATE = re.compile(r"(?<!\d)(\d{4}-\d{2}-\d{2})")
 _EV_CLOCK = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?::(\d{2}))?")
+_EV_PERCENT = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?%(?!\s?RH)", re.I)
 
 
 @dataclass(frozen=True)
@@ -326,8 +327,9 @@ def _walk(value: Any, strings: list[str], numbers: list[Decimal], readings: list
 
 def _stated_numbers(text: str) -> Iterator[Decimal]:
     """The numbers a text states as values: not the digits of its timestamps, clock times,
-    ids and codes, or citation labels."""
-    for pattern in (_MARKERS, _DATETIME, _EV_CLOCK, _DASHED, _ALNUM):
+    ids and codes, citation labels, or percentages ("80% of capacity" grounds "80%", never
+    "80 people")."""
+    for pattern in (_MARKERS, _DATETIME, _EV_CLOCK, _DASHED, _ALNUM, _EV_PERCENT):
         text = pattern.sub(" ", text)
     yield from _text_numbers(text)
 

@@ -262,6 +262,15 @@ def _facts() -> list[dict[str, Any]]:
     return found
 
 
+def test_a_people_count_is_not_grounded_by_a_percentage() -> None:
+    """The 1.5B answered "from 40 to 80 people" from "80% of derated capacity" (2026-12-02)."""
+    page = "Dock Hall B warning (80% of derated capacity, i.e. 28 people): 40 x 0.85 = 34."
+    answer = "It raises the capacity from 40 to 80 people; the warning fires at 80%."
+    assert missing(answer, page) == ["80 people"]
+    assert missing("Effective capacity 34 people, a warning at 28 people (80%).", page) == []
+    assert missing("Keep humidity under 60 %RH.", "Humidity above 60 %RH raises an alert.") == []
+
+
 def test_no_false_positives_on_the_documented_expected_answers() -> None:
     facts = _facts()
     assert len(facts) >= 10
