@@ -151,7 +151,11 @@ def route(signals: RouteSignals) -> RouteDecision:
     if docs:
         why = f"documentation covers {signals.doc_coverage:.0%} of the question"
         return RouteDecision("documentation", True, why)
-    return RouteDecision("open", True, "no routing signal")
+    why = (
+        f"no routing signal: cosine {signals.doc_similarity:.2f}, "
+        f"coverage {signals.doc_coverage:.0%}"
+    )
+    return RouteDecision("open", True, why)
 
 
 def best_coverage(question: str, texts: Sequence[str]) -> float:
