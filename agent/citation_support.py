@@ -14,7 +14,9 @@ API page listed before it. The measure is lexical and deliberately conservative:
 * the best chunk is cited first when it holds at least ``MARGIN`` more of the words than
   every marker that stays (a group none of whose markers stays becomes the best alone);
 * when no retrieved chunk holds ``MIN_SUPPORT`` of the claim's words (a paraphrase, a
-  summary), the markers are left as the model wrote them: no evidence either way.
+  summary), or the claim adds fewer than ``MIN_CLAIM_WORDS`` words to the question ("the
+  default is 900 seconds": the settings table and an API page both hold "900"), the
+  markers are left as the model wrote them: no evidence either way.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from dataclasses import dataclass, field
 from agent.citations import MARKER, ChunkInfo
 from agent.routing import content_words
 
-__all__ = ["KEEP_RATIO", "MARGIN", "MIN_SUPPORT", "SupportCheck", "check_support", "support"]
+__all__ = [
+    "KEEP_RATIO",
+    "MARGIN",
+    "MIN_CLAIM_WORDS",
+    "MIN_SUPPORT",
+    "SupportCheck",
+    "check_support",
+    "support",
+]
 
 KEEP_RATIO = 0.6
 MARGIN = 0.15
 MIN_SUPPORT = 0.4
+MIN_CLAIM_WORDS = 4
 _GROUP = re.compile(r"(?:[ \t]*\[\^[A-Za-z0-9_-]{1,64}\])+")
 
 
@@ -62,6 +73,8 @@ def _regroup(
 ) -> str:
     cited = [m.group(1) for m in MARKER.finditer(group)]
     words = _claim_words(claim, question)
+    if len(words) < MIN_CLAIM_WORDS:
+        return group  # "is 900 seconds": too few words to tell one chunk from another
     scores = {chunk_id: support(words, chunk) for chunk_id, chunk in retrieved.items()}
     if not scores or not any(chunk_id in scores for chunk_id in cited):
         return group  # markers this check cannot judge (invented ones are stripped elsewhere)

@@ -62,12 +62,12 @@ def test_every_result_cited_for_one_fact_keeps_only_the_ones_that_say_it() -> No
 
 def test_each_marker_group_is_judged_on_its_own_claim() -> None:
     answer = (
-        "It means no sensor installed, not an outage [^hook]. Failed deliveries are retried "
+        "It means no occupancy sensor installed, not an outage [^hook]. Failed deliveries are retried "
         "with exponential backoff [^err]."
     )
     check = check_support(answer, QUESTION, CHUNKS)
     assert check.answer == (
-        "It means no sensor installed, not an outage [^err]. Failed deliveries are retried "
+        "It means no occupancy sensor installed, not an outage [^err]. Failed deliveries are retried "
         "with exponential backoff [^hook]."
     )
 
@@ -81,3 +81,13 @@ def test_unknown_markers_and_answers_without_markers_are_untouched() -> None:
     assert check_support(f"{QUOTE} [^nope]", QUESTION, CHUNKS).answer == f"{QUOTE} [^nope]"
     assert check_support(QUOTE, QUESTION, CHUNKS).answer == QUOTE
     assert check_support(f"{QUOTE} [^err]", QUESTION, {}).answer == f"{QUOTE} [^err]"
+
+
+def test_a_claim_of_a_few_words_keeps_the_models_markers() -> None:
+    """The 1.5B's "The default value of SENSOR_STALE_AFTER_SECONDS is 900 seconds." adds two
+    words to its question; the settings table and an API page both hold them (2026-12-03)."""
+    table = ChunkInfo("configuration-reference.md", "SENSOR_STALE_AFTER_SECONDS", "Default `900`.")
+    api = ChunkInfo("sensor-service-api.md", "GET /latest", "The value is stale after 900 s.")
+    answer = "The default value of SENSOR_STALE_AFTER_SECONDS is 900 seconds. [^table]"
+    question = "What is the default of SENSOR_STALE_AFTER_SECONDS?"
+    assert check_support(answer, question, {"table": table, "api": api}).answer == answer
