@@ -62,13 +62,13 @@ def test_every_result_cited_for_one_fact_keeps_only_the_ones_that_say_it() -> No
 
 def test_each_marker_group_is_judged_on_its_own_claim() -> None:
     answer = (
-        "It means no occupancy sensor installed, not an outage [^hook]. Failed deliveries are retried "
-        "with exponential backoff [^err]."
+        "It means no occupancy sensor installed, not an outage [^hook]. "
+        "Failed deliveries are retried with exponential backoff [^err]."
     )
     check = check_support(answer, QUESTION, CHUNKS)
     assert check.answer == (
-        "It means no occupancy sensor installed, not an outage [^err]. Failed deliveries are retried "
-        "with exponential backoff [^hook]."
+        "It means no occupancy sensor installed, not an outage [^err]. "
+        "Failed deliveries are retried with exponential backoff [^hook]."
     )
 
 
