@@ -42,7 +42,7 @@ KEEP_RATIO = 0.6
 MARGIN = 0.15
 MIN_SUPPORT = 0.4
 MIN_CLAIM_WORDS = 4
-_GROUP = re.compile(r"(?:[ \t]*\[\^[A-Za-z0-9_-]{1,64}\])+")
+_GROUP = re.compile(rf"(?:[ \t]*{MARKER.pattern})+")  # a run of markers, spaces between
 
 
 @dataclass
@@ -56,26 +56,32 @@ class SupportCheck:
         return bool(self.dropped or self.added)
 
 
-def _claim_words(claim: str, question: str) -> set[str]:
+def _claim_words(claim: str, question_words: set[str]) -> set[str]:
     words = content_words(claim)
-    return (words - content_words(question)) or words
+    return (words - question_words) or words
+
+
+def _chunk_words(chunk: ChunkInfo) -> set[str]:
+    return content_words(f"{chunk.section or ''} {chunk.text}")
 
 
 def support(words: set[str], chunk: ChunkInfo) -> float:
     """The share of ``words`` that ``chunk``'s heading and text contain (0 for no words)."""
-    if not words:
-        return 0.0
-    return len(words & content_words(f"{chunk.section or ''} {chunk.text}")) / len(words)
+    return _share(words, _chunk_words(chunk))
+
+
+def _share(words: set[str], chunk_words: set[str]) -> float:
+    return len(words & chunk_words) / len(words) if words else 0.0
 
 
 def _regroup(
-    claim: str, group: str, question: str, retrieved: Mapping[str, ChunkInfo], check: SupportCheck
+    words: set[str], group: str, chunk_words: Mapping[str, set[str]], check: SupportCheck
 ) -> str:
+    """``group`` (the markers ending a claim of ``words``) as the check keeps it."""
     cited = [m.group(1) for m in MARKER.finditer(group)]
-    words = _claim_words(claim, question)
     if len(words) < MIN_CLAIM_WORDS:
         return group  # "is 900 seconds": too few words to tell one chunk from another
-    scores = {chunk_id: support(words, chunk) for chunk_id, chunk in retrieved.items()}
+    scores = {chunk_id: _share(words, held) for chunk_id, held in chunk_words.items()}
     if not scores or not any(chunk_id in scores for chunk_id in cited):
         return group  # markers this check cannot judge (invented ones are stripped elsewhere)
     best = max(scores, key=lambda chunk_id: scores[chunk_id])
@@ -95,11 +101,16 @@ def _regroup(
 def check_support(answer: str, question: str, retrieved: Mapping[str, ChunkInfo]) -> SupportCheck:
     """``answer`` with every marker group checked against the claim it ends."""
     check = SupportCheck(answer)
+    if not _GROUP.search(answer):
+        return check
+    question_words = content_words(question)
+    chunk_words = {chunk_id: _chunk_words(chunk) for chunk_id, chunk in retrieved.items()}
     out: list[str] = []
     start = 0
     for match in _GROUP.finditer(answer):
         claim = answer[start : match.start()]
-        out += [claim, _regroup(claim, match.group(0), question, retrieved, check)]
+        words = _claim_words(claim, question_words)
+        out += [claim, _regroup(words, match.group(0), chunk_words, check)]
         start = match.end()
     out.append(answer[start:])
     check.answer = "".join(out)
