@@ -28,11 +28,15 @@ def _preload() -> None:
     import alembic.command  # noqa: F401
     import asyncpg  # noqa: F401
     import openai  # noqa: F401
+    import psycopg  # noqa: F401
     import rich.progress  # noqa: F401
+    import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
 
     import foundation.observability.setup  # noqa: F401
     import ingest_jobs.pipeline  # noqa: F401
     import retrieval.embedders  # noqa: F401
+    import serve_app.cli
+    import serve_app.wiring  # noqa: F401
 
 
 def _child(request: dict[str, object]) -> None:
