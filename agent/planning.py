@@ -435,11 +435,17 @@ def hop_request(
     """A hop's model call. With a plan: only the route's tools, its refusal rule, and id
     arguments limited to the ids the run has resolved (``Run.entities``)."""
     if plan is None:
-        return ChatRequest(messages=tuple(run.messages), tools=tuple(specs), model=model)
+        return ChatRequest(
+            messages=tuple(run.messages),
+            tools=tuple(specs),
+            model=model,
+            queue_priority=run.asked_at,
+        )
     return ChatRequest(
         messages=tuple(run.messages),
         tools=plan.tools,
         model=model,
+        queue_priority=run.asked_at,
         choices=run.entities.choices(plan.constrained_kinds),
         allow_refusal=plan.decision.allow_refusal,
         source_labels=dict(run.source_labels),

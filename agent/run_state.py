@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -72,6 +73,7 @@ class Run:
     source_labels: dict[str, str] = field(default_factory=dict)  # label -> chunk id shown
     trace_id: str | None = None
     ungrounded: list[str] = field(default_factory=list)  # claims a rejected answer made
+    asked_at: float = field(default_factory=time.time)  # wall clock: it crosses processes
 
     def retrieved(self) -> dict[str, ChunkInfo]:
         return {

@@ -17,12 +17,14 @@ away cancels the model's generator, which closes its llama.cpp request. Serve's 
 check (``check_health``) of a model replica probes its llama.cpp, so a wedged one gets its
 replica restarted.
 
-Sizing: a model deployment's ``max_ongoing_requests`` is the llama.cpp slot count
-(``LOCAL_LLM_PARALLEL``) plus one: a request beyond that waits in Serve's queue (where
-autoscaling and other replicas can see it), not inside one replica's llama.cpp queue; the
-extra one lets a cheap ``/v1/models`` or ``/health`` probe through while every slot
-generates. ``num_cpus`` is a fractional reservation per model replica (``LOCAL_LLM_NUM_CPUS``,
-0.5): the real CPU use is ``LOCAL_LLM_THREADS``. The router only relays (0.05 CPU).
+Sizing: the router lets ``LOCAL_LLM_PARALLEL`` chat completions per model through at once;
+the rest wait in the router, the earliest ``/ask`` first (``serve_app.local_llm.slots``: an
+ask under way finishes before a newer one takes the model), not inside llama.cpp's queue. A
+model deployment's ``max_ongoing_requests`` is its slot count plus one, so a cheap
+``/v1/models`` or ``/health`` probe gets through while every slot generates. (A serve config
+that gives a model several replicas should raise ``parallel`` to the total slot count.)
+``num_cpus`` is a fractional reservation per model replica (``LOCAL_LLM_NUM_CPUS``, 0.5): the
+real CPU use is ``LOCAL_LLM_THREADS``. The router only relays (0.05 CPU).
 
 Serve config::
 
@@ -152,11 +154,14 @@ class HandleBackend:
 class LocalLLMRouterIngress:
     """The application's HTTP face: routes each request to its model's deployment."""
 
-    def __init__(self, names: list[str], *models: DeploymentHandle[Any]) -> None:
+    def __init__(
+        self, names: list[str], slots: dict[str, int], *models: DeploymentHandle[Any]
+    ) -> None:
         backends: list[tuple[str, ModelBackend]] = [
             (name, HandleBackend(handle)) for name, handle in zip(names, models, strict=True)
         ]
-        self.routes = RoutedLLM(ModelRouter(backends))
+        # One router replica, so one queue per model: the earliest ask goes first.
+        self.routes = RoutedLLM(ModelRouter(backends), slots)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -187,7 +192,8 @@ LocalLLMRouter: serve.Deployment = serve.deployment(
     name=ROUTER_DEPLOYMENT_NAME,
     num_replicas=1,
     ray_actor_options={"num_cpus": 0.05},
-    # It only relays: requests beyond a model's slots wait in its handle's queue here.
+    # It only relays: requests beyond a model's slots wait here, earliest ask first
+    # (serve_app.local_llm.slots); one replica, so that order holds for every caller.
     max_ongoing_requests=200,
 )(serve.ingress(app)(LocalLLMRouterIngress))
 
@@ -209,7 +215,8 @@ def build_local_llm_app(args: dict[str, Any] | None = None) -> serve.Application
         ).bind(settings.for_model(name).to_dict())
         for name in settings.served_models
     ]
-    return LocalLLMRouter.bind(list(settings.served_models), *models)
+    slots = {name: settings.for_model(name).parallel for name in settings.served_models}
+    return LocalLLMRouter.bind(list(settings.served_models), slots, *models)
 
 
 def run_local_llm(

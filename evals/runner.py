@@ -1,7 +1,9 @@
 """Run a dataset against the running service over HTTP and score every row.
 
 Each row is one ``POST {base_url}/ask`` with an eval token minted for the row's ``as``
-(HS256, ``EVAL_JWT_SECRET``), at most ``concurrency`` at a time. Row status:
+(HS256, ``EVAL_JWT_SECRET``), at most ``concurrency`` at a time; once every row is answered,
+the judge (if any) grades the judged ones, so its calls never queue with the service's and
+the latencies are the service's alone. Row status:
 
 * ``PASS``    every expectation the row declares was checked and held;
 * ``PARTIAL`` every checked expectation held, but some could not be checked (a judge-graded
@@ -309,7 +311,7 @@ class _Runner:
             )
         return self.tokens[key]
 
-    async def run(self, case: Case) -> RowResult:
+    async def run(self, case: Case) -> RowResult | Asked:
         row = case.row
         result = RowResult(
             id=row.id,
@@ -346,12 +348,25 @@ class _Runner:
         result.input_tokens = answer.usage.input_tokens
         result.output_tokens = answer.usage.output_tokens
         result.cost_usd = _row_cost(answer)
-        verdicts = None
-        if self.judge is not None and row.judged:
-            verdicts = await self.judge.grade_row(row, answer.answer)
+        if self.judge is not None and case.row.judged:
+            return Asked(result, answer)  # scored once the judge has graded it
+        return score_answer(result, case, answer, None, self.eval_model)
+
+    async def grade(self, case: Case, asked: Asked) -> RowResult:
+        """The judge's verdicts on an answered row, then its score."""
+        assert self.judge is not None
+        verdicts = await self.judge.grade_row(case.row, asked.answer.answer)
         if verdicts is not None:
-            result.verdicts = {name: outcome_dict(o) for name, o in verdicts.items()}
-        return score_answer(result, case, answer, verdicts, self.eval_model)
+            asked.result.verdicts = {name: outcome_dict(o) for name, o in verdicts.items()}
+        return score_answer(asked.result, case, asked.answer, verdicts, self.eval_model)
+
+
+@dataclass
+class Asked:
+    """A row the service answered that waits for the judge."""
+
+    result: RowResult
+    answer: AgentAnswer
 
 
 def outcome_dict(outcome: JudgeOutcome) -> dict[str, Any]:
@@ -561,12 +576,16 @@ async def run_eval(
                 tally="",
             )
 
-            async def one(case: Case) -> RowResult:
+            def count(result: RowResult | Asked, bar_task: Any) -> None:
+                if isinstance(result, RowResult):
+                    tally[result.status] += 1
+                text = " ".join(f"{s.value} {n}" for s, n in sorted(tally.items()) if n)
+                bar.update(bar_task, advance=1, tally=text)
+
+            async def one(case: Case) -> RowResult | Asked:
                 async with semaphore:
                     result = await runner.run(case)
-                tally[result.status] += 1
-                text = " ".join(f"{s.value} {n}" for s, n in sorted(tally.items()) if n)
-                bar.update(task, advance=1, tally=text)
+                count(result, task)
                 return result
 
             try:
@@ -579,7 +598,29 @@ async def run_eval(
                     f"the service at {base_url} refused the eval token (HTTP 401: "
                     f"{message.message}); is EVAL_JWT_SECRET the same as the server's?"
                 ) from None
-    results = [t.result() for t in tasks]
+            asked = [t.result() for t in tasks]
+            # The judge grades once every question is answered: its calls never queue with
+            # the service's (a local judge shares the service's model slots), so the
+            # latencies measured are the service's alone.
+            waiting = [
+                (c, a) for c, a in zip(dataset.cases, asked, strict=True) if isinstance(a, Asked)
+            ]
+            judged: dict[int, RowResult] = {}
+            if waiting:
+                grading = bar.add_task(
+                    f"judge {judge.model if judge else ''}", total=len(waiting), tally=""
+                )
+
+                async def grade(index: int, case: Case, pending: Asked) -> None:
+                    async with semaphore:
+                        judged[index] = await runner.grade(case, pending)
+                    count(judged[index], grading)
+
+                async with asyncio.TaskGroup() as group:
+                    for index, (case, pending) in enumerate(waiting):
+                        group.create_task(grade(index, case, pending))
+    graded = iter(judged[i] for i in range(len(judged)))
+    results = [next(graded) if isinstance(a, Asked) else a for a in asked]
     run = EvalRun(
         base_url=base_url,
         dataset=dataset.name,

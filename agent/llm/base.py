@@ -19,6 +19,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 ReplyKind = Literal["text", "tool_calls", "refusal"]
 
 
+QUEUE_PRIORITY_HEADER = "x-queue-priority"
+"""The HTTP header an OpenAI-compatible client sends ``ChatRequest.queue_priority`` in."""
+
+
 @dataclass(frozen=True)
 class ToolExample:
     """A worked example for the prompt: a question and the call that answers it."""
@@ -128,6 +132,10 @@ class ChatRequest:
     # small model one output token where a 12-character id costs about seven. A mode that
     # uses them maps every cited label back to its id before anything else sees it.
     source_labels: Mapping[str, str] = field(default_factory=dict)
+    # When the question this call serves was asked (seconds since the epoch): a server that
+    # queues calls (the local LLM app) serves the earliest question's calls first, so an
+    # answer under way finishes before a newer one starts. None: no hint.
+    queue_priority: float | None = None
 
 
 class LLMError(Exception):

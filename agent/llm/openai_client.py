@@ -36,6 +36,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 
 from agent.llm import json_schema_mode
 from agent.llm.base import (
+    QUEUE_PRIORITY_HEADER,
     ChatRequest,
     ChatResult,
     LLMError,
@@ -239,6 +240,8 @@ class OpenAICompatibleClient:
             kwargs["stream"] = True
             if self._stream_usage:
                 kwargs["stream_options"] = {"include_usage": True}
+        if request.queue_priority is not None:
+            kwargs["extra_headers"] = {QUEUE_PRIORITY_HEADER: f"{request.queue_priority:.6f}"}
         extra: dict[str, Any] = {}
         if self._provider_cost:
             extra["usage"] = {"include": True}

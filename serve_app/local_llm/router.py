@@ -26,6 +26,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any, Generic, Protocol, TypeVar
 
 from fastapi import FastAPI
@@ -40,6 +41,7 @@ from serve_app.local_llm.proxy import (
     response_from_parts,
 )
 from serve_app.local_llm.settings import canonical_model_name
+from serve_app.local_llm.slots import SlotGate, priority_of
 
 MODEL_HEADER = "x-local-llm-model"
 """Response header naming the served model that answered a chat completion."""
@@ -132,10 +134,17 @@ def requested_model(body: bytes) -> str | None:
 
 
 class RoutedLLM:
-    """The application's routes over a :class:`ModelRouter` of :class:`ModelBackend`."""
+    """The application's routes over a :class:`ModelRouter` of :class:`ModelBackend`.
 
-    def __init__(self, router: ModelRouter[ModelBackend]) -> None:
+    ``slots`` (model name -> its llama.cpp slot count, 1 when absent) bounds the chat
+    completions each model runs at once; the rest wait here, earliest ask first
+    (:mod:`serve_app.local_llm.slots`)."""
+
+    def __init__(
+        self, router: ModelRouter[ModelBackend], slots: Mapping[str, int] | None = None
+    ) -> None:
         self.router = router
+        self.gates = {name: SlotGate((slots or {}).get(name, 1)) for name in router.names}
 
     async def chat_completions(self, request: Request) -> Response:
         body = await request.body()
@@ -145,8 +154,18 @@ class RoutedLLM:
             return openai_error(404, str(exc), "invalid_request_error", "model_not_found")
         except InvalidModelFieldError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_model")
-        parts = backend.chat_completion_parts(body, forwarded_headers(request.headers))
+        parts = self._in_turn(name, backend, body, request.headers)
         return await response_from_parts(parts, {MODEL_HEADER: name})
+
+    async def _in_turn(
+        self, name: str, backend: ModelBackend, body: bytes, headers: Mapping[str, str]
+    ) -> AsyncIterator[ReplyHead | bytes]:
+        """The model's reply, once a slot is ours; the slot is held until the reply ends."""
+        async with self.gates[name].slot(priority_of(headers)):
+            parts = backend.chat_completion_parts(body, forwarded_headers(headers))
+            async with aclosing(parts):  # type: ignore[type-var]
+                async for part in parts:
+                    yield part
 
     async def models(self) -> Response:
         backends = self.router.backends

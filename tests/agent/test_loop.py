@@ -123,6 +123,9 @@ async def test_two_step_chain_resolves_a_building_then_its_rooms(
     (system,) = [m for m in model.requests[0].messages if m.role == "system"]
     assert system == model.requests[0].messages[0]
     assert system.content == load_system_prompt().render(mode, agent.tools.specs())
+    # every model call of one question carries the same queue priority: when it was asked
+    priorities = {r.queue_priority for r in model.requests}
+    assert len(priorities) == 1 and None not in priorities
     # the last request carried the live occupancy the simulator computed
     room = world.room("room-harbor-dock-a")
     assert room is not None

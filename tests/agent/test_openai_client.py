@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from agent.llm.base import (
+    QUEUE_PRIORITY_HEADER,
     ChatRequest,
     ChatResult,
     Completed,
@@ -182,6 +183,19 @@ async def test_request_overrides_model_tokens_and_temperature(
     )
     assert sent["seed"] == 7
     assert "tools" not in sent
+
+
+async def test_the_queue_priority_goes_as_a_header_only_when_set(
+    llm: ScriptedLLM, make_client: MakeClient
+) -> None:
+    llm.script({"text": "ok"}, {"text": "ok"})
+    client = make_client()
+    await client.chat(ask("hi", tools=(), queue_priority=1764700000.5))
+    await client.chat(ask("hi", tools=()))
+    first, second = llm.chat_requests()
+    assert first.headers[QUEUE_PRIORITY_HEADER] == "1764700000.500000"
+    assert QUEUE_PRIORITY_HEADER not in second.headers
+    assert QUEUE_PRIORITY_HEADER not in first.body  # a header, never a body field
 
 
 async def test_native_tool_calls_then_answer(llm: ScriptedLLM, make_client: MakeClient) -> None:

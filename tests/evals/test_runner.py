@@ -514,3 +514,27 @@ async def test_a_same_family_judge_is_warned_about_loudly(tmp_path: Path) -> Non
     assert result.warnings and result.warnings[0].startswith("judge is the same family")
     # a local judge grades: the rubric is checked, the row no longer partial
     assert result.results[2].status is Status.PASS
+
+
+async def test_the_judge_grades_after_every_question_is_answered(tmp_path: Path) -> None:
+    """A local judge shares the service's model slots: grading while rows are still asked
+    would queue the judge's calls with the service's and slow the latencies measured."""
+    from agent.llm.base import ChatRequest, ChatResult
+    from agent.testing import FunctionModel, text_reply
+    from evals.judge import Judge
+
+    service = FakeService()
+    scripted(service, "qwen2.5-coder-1.5b-instruct")
+    asked_when_graded: list[int] = []
+
+    def verdict(request: ChatRequest) -> ChatResult:
+        asked_when_graded.append(len(service.asked))
+        return text_reply('{"pass": true, "score": 1, "reason": "ok"}', model="judge-model")
+
+    judge = Judge(FunctionModel(verdict), "judge-model")
+    result = await mocked(tmp_path, service, judge=judge, concurrency=2)
+    total = len(result.results)
+    assert asked_when_graded and set(asked_when_graded) == {total}
+    assert result.results[2].status is Status.PASS  # graded, scored, in the dataset's order
+    rows = load_dataset(write_dataset(tmp_path, SCOPED, "scoped.yaml")).cases
+    assert [r.id for r in result.results] == [case.row.id for case in rows]
