@@ -39,8 +39,14 @@ SMALL = "qwen2.5-coder-0.5b-instruct"
 
 def model_deployments(app: Any) -> tuple[list[str], list[Any]]:
     """The names the router was given and the model deployments bound behind it."""
-    names, *models = app._bound_deployment.init_args
+    names, _, *models = app._bound_deployment.init_args
     return names, [model._bound_deployment for model in models]
+
+
+def router_slots(app: Any) -> dict[str, int]:
+    """The slots per model the router admits chat completions to (earliest ask first)."""
+    slots: dict[str, int] = app._bound_deployment.init_args[1]
+    return slots
 
 
 def test_builder_sizes_the_deployment_from_the_settings(
@@ -59,6 +65,7 @@ def test_builder_sizes_the_deployment_from_the_settings(
     assert deployment.name == f"{DEPLOYMENT_NAME}-{BIG}"
     assert deployment.ray_actor_options == {"num_cpus": 0.25}
     assert deployment.max_ongoing_requests == max_ongoing_for(3) == 4
+    assert router_slots(app) == {BIG: 3}  # the router lets three through at once
     assert deployment.num_replicas == 1
     (shipped,) = deployment.init_args
     settings = LocalLLMSettings.from_env({}, **shipped)
@@ -87,6 +94,7 @@ def test_builder_binds_one_deployment_per_model(monkeypatch: pytest.MonkeyPatch)
     app = build_local_llm_app({"parallel": 2})
     names, deployments = model_deployments(app)
     assert names == [SMALL, BIG]  # the first one answers requests that name no model
+    assert router_slots(app) == {SMALL: 2, BIG: 2}
     assert [d.name for d in deployments] == [f"LocalLLM-{SMALL}", f"LocalLLM-{BIG}"]
     for name, deployment in zip(names, deployments, strict=True):
         assert deployment.max_ongoing_requests == 3
