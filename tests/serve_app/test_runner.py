@@ -102,3 +102,17 @@ def test_the_deployed_config_adds_the_llm_app_with_the_models(
     agent_env = apps["agent"]["runtime_env"]["env_vars"]
     assert agent_env["ANSWER_MODEL"] == BIG
     assert SMALL in agent_env["ALLOWED_MODELS"].split(",")
+
+
+def test_ray_runs_serve_quietly_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from serve_app.runner import SERVE_QUIET_DEFAULTS, ray_env
+
+    for name in SERVE_QUIET_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    env = ray_env()
+    assert env["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "1"
+    assert env["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "1000"
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")
+    assert ray_env()["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.1"
