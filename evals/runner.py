@@ -602,25 +602,25 @@ async def run_eval(
             # The judge grades once every question is answered: its calls never queue with
             # the service's (a local judge shares the service's model slots), so the
             # latencies measured are the service's alone.
-            waiting = [
-                (c, a) for c, a in zip(dataset.cases, asked, strict=True) if isinstance(a, Asked)
-            ]
-            judged: dict[int, RowResult] = {}
+            results: list[RowResult | Asked] = list(asked)
+            waiting = [i for i, a in enumerate(asked) if isinstance(a, Asked)]
             if waiting:
                 grading = bar.add_task(
                     f"judge {judge.model if judge else ''}", total=len(waiting), tally=""
                 )
 
-                async def grade(index: int, case: Case, pending: Asked) -> None:
+                async def grade(index: int, pending: Asked) -> None:
                     async with semaphore:
-                        judged[index] = await runner.grade(case, pending)
-                    count(judged[index], grading)
+                        results[index] = await runner.grade(dataset.cases[index], pending)
+                    count(results[index], grading)
 
                 async with asyncio.TaskGroup() as group:
-                    for index, (case, pending) in enumerate(waiting):
-                        group.create_task(grade(index, case, pending))
-    graded = iter(judged[i] for i in range(len(judged)))
-    results = [next(graded) if isinstance(a, Asked) else a for a in asked]
+                    for index in waiting:
+                        pending = asked[index]
+                        assert isinstance(pending, Asked)
+                        group.create_task(grade(index, pending))
+    scored = [r for r in results if isinstance(r, RowResult)]
+    assert len(scored) == len(results)  # every Asked row was graded
     run = EvalRun(
         base_url=base_url,
         dataset=dataset.name,
@@ -628,7 +628,7 @@ async def run_eval(
         judge_model=judge.model if judge is not None else None,
         started_at=started_at,
         finished_at=datetime.now(UTC),
-        results=results,
+        results=scored,
         judge=judge.stats if judge is not None else None,
         warnings=warnings,
         strict=strict,
