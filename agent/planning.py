@@ -87,8 +87,10 @@ class Plan:
 
 def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
     """The chunk's sentences that match the question best (at least half the best match),
-    each with the sentence after it (where an explanation usually follows its keyword), in
-    their order, within ``limit`` characters; the opening sentences when none matches."""
+    best first, then the sentence after each one kept (where an explanation usually follows
+    its keyword), in their order, within ``limit`` characters; the opening sentences when
+    none matches. A matching sentence goes before any follower: "the cooldown ... will not
+    notify again" answers "what does it do" better than the line after "15 minutes"."""
     sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
     if sum(len(s) + 1 for s in sentences) <= limit:
         return " ".join(sentences)
@@ -96,14 +98,22 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
     best = max(scores)
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))
     matching = [i for i in ranked if best > 0 and scores[i] >= best / 2] or [0]
-    wanted = [j for i in matching for j in (i, i + 1) if j < len(sentences)]
     keep: list[int] = []
     used = 0
-    for index in dict.fromkeys(wanted):
+
+    def fit(index: int) -> None:
+        nonlocal used
+        if index in keep or index >= len(sentences):
+            return
         if used + len(sentences[index]) > limit and keep:
-            continue
+            return
         keep.append(index)
         used += len(sentences[index]) + 1
+
+    for index in matching:
+        fit(index)
+    for index in [i for i in matching if i in keep]:
+        fit(index + 1)
     return _clip(" ".join(sentences[i] for i in sorted(keep)), limit + 40)
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from agent.llm.base import MalformedReply, Message, ToolCall, ToolExample, ToolSpec, Usage
 from agent.llm.json_schema_mode import (
     DEFAULT_EXAMPLES,
+    FINAL_ANSWER_MAX_CHARS,
     FinalAnswerExtractor,
     WorkedExample,
     parse_step,
@@ -21,6 +22,7 @@ from agent.llm.json_schema_mode import (
     step_schema,
     to_wire_messages,
     tool_signature,
+    whole_sentences,
 )
 from agent.markers import IDK_MARKER
 
@@ -190,6 +192,21 @@ def test_parse_step_truncated_mentions_the_length_limit() -> None:
         _parse("  ")
     with pytest.raises(MalformedReply, match="must be true"):
         _parse('{"reason": "r", "decline": false}')
+
+
+def test_a_final_answer_cut_by_the_length_cap_keeps_its_whole_sentences() -> None:
+    final = step_schema([])["oneOf"][0]["properties"]["final_answer"]
+    assert final["maxLength"] == FINAL_ANSWER_MAX_CHARS  # the grammar ends a rambling answer
+    sentence = "The default is 2000 points per request. "
+    capped = (sentence * 20)[:FINAL_ANSWER_MAX_CHARS]
+    step = json.dumps({"reason": "r", "final_answer": capped, "sources": []})
+    answer = _parse(step).text
+    assert answer is not None and answer.endswith("request.")
+    assert len(answer) == len(sentence) * (FINAL_ANSWER_MAX_CHARS // len(sentence)) - 1
+    # one long sentence: its whole words and an ellipsis; a shorter answer is left alone
+    words = ("word " * 100)[: FINAL_ANSWER_MAX_CHARS - 2]  # ends mid-word
+    assert whole_sentences(words, len(words)) == ("word " * 63).rstrip() + " …"
+    assert whole_sentences("Short. Answer") == "Short. Answer"
 
 
 def _feed_in_pieces(document: str, cuts: list[int]) -> str:

@@ -17,6 +17,7 @@ from agent_helpers import NORTHWIND_STAFF, FakeRetriever, hit, mesh_user
 from agent.llm.base import ChatRequest, ChatResult, MalformedReply, ProviderUnavailable
 from agent.llm.json_schema_mode import step_schema
 from agent.loop import Agent
+from agent.planning import SNIPPET_CHARS, compact_hits
 from agent.testing import FunctionModel, ScriptedModel, text_reply, tool_call, tool_calls_reply
 from agent.tools.twin import BUILDING_NOT_FOUND
 
@@ -446,3 +447,21 @@ async def test_a_token_the_callers_search_does_not_find_is_answered_idk_after_th
     assert [c.name for c in answer.tool_calls] == ["search_docs"]
     assert answer.decision == "idk" and answer.idk and answer.citations == []
     assert any("does not find" in note for note in answer.notes)
+
+
+def test_a_snippet_keeps_the_matching_sentences_before_the_lines_that_follow_them() -> None:
+    text = (
+        "Each rule has a cooldown. After a rule sends a notification for a room, it will not "
+        "notify again for the same room and alert type until the cooldown has passed, even if "
+        "the alert clears and fires again in between. The alert history still records every "
+        "transition.\n- The default cooldown is 15 minutes, set platform-wide by "
+        "ALERT_COOLDOWN_MINUTES.\n- A business_admin can set a domain default under Settings "
+        "or override it per rule, from 1 minute to 1440 minutes (24 hours).\n- Escalation from "
+        "warning to critical always notifies immediately; the cooldown applies per type."
+    )
+    question = "How long is the alert cooldown by default, and what does it do?"
+    [line] = compact_hits(question, [hit("c1", text)], ["1"]).splitlines()
+    # both halves of the question: what it does (a matching sentence) and its default
+    assert "will not notify again" in line and "15 minutes" in line
+    assert "business_admin" not in line  # the default's follower lost to a matching sentence
+    assert len(line) <= SNIPPET_CHARS + 80
