@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -155,33 +155,48 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def _start_ray(settings: Settings) -> None:
+    """Join ``RAY_ADDRESS`` or start a private local Ray, on the CALLING thread.
+
+    Ray's local processes (raylet, GCS) die with the thread that started them: it forks them
+    with ``PR_SET_PDEATHSIG=SIGKILL``, which Linux fires when the creating *thread* exits.
+    Started from the row feed's thread, they were killed the moment the last row had been
+    fetched, and the driver with them (exit 1, nothing printed, the rest of the documents
+    never written: 732 of 974 tiny pages)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    # On 2 cores the default CPU requests deadlock (a stage waits for a CPU held by the actor
+    # pool): give the local Ray logical CPUs that fit the fractional asks. address="local": a
+    # private Ray for this run, never a stale cluster named in /tmp/ray/ray_current_cluster.
+    # On a cluster, `ray job submit` sets RAY_ADDRESS.
+    ray.init(
+        address="local",
+        num_cpus=settings.ingest_cpus,
+        object_store_memory=200 * 1024 * 1024,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
 def _iter_ray(
     docs: Sequence[PreparedSource],
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
 ) -> Iterator[dict[str, Any]]:
-    import ray
+    """The chunk rows of ``docs`` from the Ray Data pipeline. Ray is started here, on the
+    caller's thread (``_start_ray``); the rows may then be drained on any thread."""
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
 
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            # On 2 cores the default CPU requests deadlock (a stage waits for a CPU held by
-            # the actor pool): give the local Ray logical CPUs that fit the fractional asks.
-            # address="local": a private Ray for this run, never a stale cluster named in
-            # /tmp/ray/ray_current_cluster. On a cluster, `ray job submit` sets RAY_ADDRESS.
-            ray.init(
-                address="local",
-                num_cpus=settings.ingest_cpus,
-                object_store_memory=200 * 1024 * 1024,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+    _start_ray(settings)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
@@ -205,7 +220,14 @@ def _iter_ray(
         compute=ActorPoolStrategy(size=options.embed_actors),
         num_cpus=min(1.0, settings.ingest_cpus / (options.embed_actors + 1)),
     )
-    yield from ds.iter_rows()
+    return _owned_rows(ds.iter_rows())
+
+
+def _owned_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each row with its arrays copied out of the object store: a row the writer still holds
+    must not pin (or outlive) the block it came from."""
+    for row in rows:
+        yield {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in row.items()}
 
 
 def _iter_local(
