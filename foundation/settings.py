@@ -158,6 +158,15 @@ class Settings(BaseSettings):
     ingest_cpus: int = Field(
         default=2, ge=1, le=1024, description="Logical CPUs of the local Ray the job starts."
     )
+    ingest_ray_min_chunks: int = Field(
+        default=20_000,
+        ge=0,
+        description=(
+            "--executor auto: the chunk count from which a run starts a private Ray for Ray "
+            "Data instead of embedding in-process (a running cluster, RAY_ADDRESS, is always "
+            "used). 0: always Ray."
+        ),
+    )
 
     # --- live data services ---
     twin_service_url: str = "http://127.0.0.1:8101"

@@ -6,8 +6,9 @@ chunking as parallel tasks, embedding in an actor pool (one model per actor, bat
 driver writes each document, with all of its chunks, in one transaction as soon as its last
 chunk is embedded: a crash leaves only whole documents, and a re-run finishes the job.
 
-``executor="local"`` runs the same stage functions in-process (tests and a baseline);
-``executor="ray"`` runs them on a local Ray or, under ``ray job submit``, on the cluster.
+``executor="local"`` runs the same stage functions in-process; ``executor="ray"`` runs them
+on a local Ray or, under ``ray job submit``, on the cluster; ``executor="auto"`` (the
+default) picks by the work (:func:`choose_executor`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore
 
 log = logging.getLogger(__name__)
 
-Executor = Literal["ray", "local"]
+Executor = Literal["ray", "local", "auto"]
 
 
 @dataclass
@@ -58,6 +59,7 @@ class IngestReport:
     chunks_written: int = 0
     seconds: float = 0.0
     skip_reasons: list[str] = field(default_factory=list)
+    executor: str = ""  # the one that ran ("" when nothing needed embedding)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -70,6 +72,7 @@ class IngestReport:
             "chunks_written": self.chunks_written,
             "seconds": round(self.seconds, 3),
             "skip_reasons": list(self.skip_reasons),
+            "executor": self.executor,
         }
 
 
@@ -77,13 +80,26 @@ class IngestReport:
 class IngestOptions:
     roots: Sequence[tuple[Path, Sequence[str]]]
     prune: bool = False
-    executor: Executor = "ray"
+    executor: Executor = "auto"
     embed_actors: int = 1
     batch_size: int = 32
     max_tokens: int = 200
 
 
 ProgressCallback = Callable[[str, int, int], None]  # (event, done, total)
+
+
+def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Executor:
+    """The executor for a run of ``chunks`` chunks. ``auto``: Ray Data on a running cluster
+    (``RAY_ADDRESS``: ``ray job submit``, ``POST /ingest``), else in-process below
+    ``INGEST_RAY_MIN_CHUNKS``. Measured on the 2-core machine (bench/RESULTS.md "Executor
+    choice"): a private Ray costs ~20 s before the first chunk and then embeds at ~0.85x the
+    in-process rate, so small and medium corpora are several times faster in-process."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("RAY_ADDRESS"):
+        return "ray"
+    return "ray" if chunks >= settings.ingest_ray_min_chunks else "local"
 
 
 def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
@@ -391,15 +407,20 @@ async def _run_ingest(
         notify("document", report.new + report.replaced, total)
 
     # Documents with no chunks (an empty page) never reach the chunk stream.
-    counter_for_empty = token_counter(tokenizer_path)
+    counter = token_counter(tokenizer_path)
+    chunks = 0
     for source, doc in list(pending.items()):
-        if not doc.body.strip() or not chunk_rows(doc, counter_for_empty, options.max_tokens):
+        rows = chunk_rows(doc, counter, options.max_tokens) if doc.body.strip() else []
+        chunks += len(rows)
+        if not rows:
             await write(doc, [])
             del pending[source]
 
     if pending:
         docs = list(pending.values())
-        if options.executor == "ray":
+        report.executor = choose_executor(options.executor, chunks, settings)
+        log.info("embedding %d chunks of %d documents (%s)", chunks, len(docs), report.executor)
+        if report.executor == "ray":
             iterator = _iter_ray(docs, settings, tokenizer_path, options)
         else:
             iterator = _iter_local(

@@ -172,7 +172,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     async def run() -> dict[str, object]:
         store = await open_store(settings, migrate_first=True)
         try:
-            # The local executor embeds in-process; the Ray one loads models in its actors.
+            # The local executor embeds in-process; the Ray one loads models in its actors
+            # (auto: the pipeline builds the embedder itself if it runs in-process).
             embedder = build_embedder(settings) if args.executor == "local" else None
             max_tokens = effective_max_tokens(
                 settings, embedder.max_tokens if embedder else _embedder_window(settings)
@@ -219,7 +220,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     else:
         print(
             "ingested: {new} new, {unchanged} unchanged, {replaced} replaced, {pruned} pruned, "
-            "{skipped} skipped; {chunks_written} chunks written in {seconds}s".format(**result),
+            "{skipped} skipped; {chunks_written} chunks written in {seconds}s".format(**result)
+            + (f" ({result['executor']})" if result["executor"] else ""),
             file=out,
         )
     return EXIT_OK
@@ -558,9 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument(
         "--executor",
-        choices=["ray", "local"],
-        default="ray",
-        help="ray: Ray Data pipeline (default); local: the same stages in this process",
+        choices=["auto", "ray", "local"],
+        default="auto",
+        help="auto (default): Ray Data on a running cluster (RAY_ADDRESS) or from "
+        "INGEST_RAY_MIN_CHUNKS chunks, else in-process; ray: the Ray Data pipeline; local: "
+        "the same stages in this process",
     )
     ingest.add_argument("--actors", type=int, help="embedding actors (INGEST_EMBED_ACTORS)")
     ingest.add_argument("--json", action="store_true", help="print the report as JSON")

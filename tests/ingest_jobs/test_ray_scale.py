@@ -40,6 +40,19 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
     assert started_on == [threading.current_thread()]
 
 
+def test_auto_runs_small_corpora_in_process_and_joins_a_running_cluster(
+    monkeypatch: Any,
+) -> None:
+    settings = Settings(ingest_ray_min_chunks=1000)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert pipeline.choose_executor("auto", 999, settings) == "local"
+    assert pipeline.choose_executor("auto", 1000, settings) == "ray"
+    assert pipeline.choose_executor("local", 10**6, settings) == "local"  # forced stays forced
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert pipeline.choose_executor("auto", 1, settings) == "ray"  # no cluster start to pay
+    assert pipeline.choose_executor("local", 1, settings) == "local"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive(
@@ -52,12 +65,14 @@ async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive(
     for n in range(TINY_PAGES):
         (root / f"page-{n:04d}.md").write_text(f"sensor note {n}\n", encoding="utf-8")
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root), "--json"]
+    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)]
+    command += ["--executor", "ray", "--json"]
     proc = await asyncio.to_thread(
         subprocess.run, command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert (report["new"], report["chunks_written"]) == (TINY_PAGES, TINY_PAGES)
+    assert report["executor"] == "ray"
     stored = await snapshot(db_url)
     assert len(stored["documents"]) == TINY_PAGES

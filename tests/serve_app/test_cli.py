@@ -133,7 +133,10 @@ def test_ray_data_job_and_local_executor_agree(db_url: str, tmp_path: Path) -> N
 
     root = write_corpus(tmp_path / "docs")
     proc = subprocess.run(
-        [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root), "--json"],
+        [
+            *(sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)),
+            *("--executor", "ray", "--json"),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -144,6 +147,7 @@ def test_ray_data_job_and_local_executor_agree(db_url: str, tmp_path: Path) -> N
     report = json.loads(proc.stdout)
     assert report["new"] == len(PAGES)
     assert report["chunks_written"] > len(PAGES)
+    assert report["executor"] == "ray"
     again = subprocess.run(
         [
             sys.executable,
