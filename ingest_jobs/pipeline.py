@@ -88,6 +88,33 @@ class IngestOptions:
 
 ProgressCallback = Callable[[str, int, int], None]  # (event, done, total)
 
+NOT_INGESTED_SHOWN = 5  # sources a failure message names (the report lists them all)
+
+
+class IngestFailed(RuntimeError):
+    """The pipeline (or its Ray node) failed part-way. The store holds whole documents only;
+    ``report`` counts what was written, ``not_ingested`` lists the sources that were not, and a
+    re-run finishes the job (written documents are then unchanged)."""
+
+    def __init__(self, cause: BaseException, report: IngestReport, not_ingested: list[str]):
+        self.report = report
+        self.not_ingested = not_ingested
+        first_line = (str(cause).strip().splitlines() or [""])[0]
+        self.cause = f"{type(cause).__name__}: {first_line}" if first_line else type(cause).__name__
+        super().__init__(
+            f"ingestion failed ({report.executor or 'before embedding'}): {self.cause}. "
+            f"{report.new + report.replaced} document(s) written whole, "
+            f"{len(not_ingested)} not ingested{_first_few(not_ingested)}; "
+            "run the same command again to finish"
+        )
+
+
+def _first_few(sources: list[str]) -> str:
+    if not sources:
+        return ""
+    more = len(sources) - NOT_INGESTED_SHOWN
+    return f" ({', '.join(sources[:NOT_INGESTED_SHOWN])}{f' and {more} more' if more > 0 else ''})"
+
 
 def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Executor:
     """The executor for a run of ``chunks`` chunks. ``auto``: Ray Data on a running cluster
@@ -443,10 +470,13 @@ async def _run_ingest(
                 bucket.append(item)
                 if len(bucket) == int(item["n_chunks"]):
                     await write(pending.pop(source), rows_by_source.pop(source))
+            if pending:
+                raise RuntimeError("the pipeline ended without some documents' chunks")
+        except Exception as exc:
+            embed_span.record_exception(exc)
+            raise IngestFailed(exc, report, sorted(pending)) from exc
         finally:
             embed_span.end()
-        if pending:
-            raise RuntimeError(f"ingestion lost chunks of {sorted(pending)}")
 
     if options.prune:
         present = {f.source for f in files}

@@ -150,7 +150,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
 
     from foundation.acl import parse_acl
     from foundation.observability.setup import configure_observability, flush_observability
-    from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
+    from ingest_jobs.pipeline import IngestFailed, IngestOptions, effective_max_tokens, run_ingest
     from retrieval.embedders import build_embedder
     from serve_app.wiring import open_store
 
@@ -210,7 +210,18 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
         finally:
             await store.close()
 
-    result = asyncio.run(run())
+    try:
+        result = asyncio.run(run())
+    except IngestFailed as failed:
+        # What failed and what is in the store, never a bare traceback or a silent exit.
+        print(f"agent-service: {failed}", file=sys.stderr)
+        if args.json or args.json_lines:
+            report = {**failed.report.as_dict(), "failed": True, "error": str(failed)}
+            report["not_ingested"] = failed.not_ingested
+            print(
+                json.dumps({"event": "report", **report} if args.json_lines else report), file=out
+            )
+        return EXIT_FAILURE
     for reason in result["skip_reasons"]:  # type: ignore[attr-defined]
         console.print(f"[yellow]skipped[/yellow] {reason}")
     if args.json_lines:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from foundation.settings import Settings
-from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
+from ingest_jobs.pipeline import IngestFailed, IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import DocumentRecord, PgDocumentStore
 from tests.ingest_jobs.corpus import PAGES, write_corpus
@@ -250,3 +250,49 @@ async def test_crash_between_documents_then_rerun_equals_clean_ingest(
     finally:
         await store.close()
     assert_same_store(crashed, await snapshot(db_url))
+
+
+class FailingEmbedder:
+    """The real embedder until its ``fail_on``-th batch, which raises (a dying model server,
+    an out-of-memory actor: any failure inside the pipeline)."""
+
+    def __init__(self, inner: SentenceTransformerEmbedder, fail_on: int) -> None:
+        self.inner, self.fail_on, self.calls = inner, fail_on, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def encode(self, texts: list[str]) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise RuntimeError("embedding server went away\nsecond line of detail")
+        return self.inner.encode(texts)
+
+
+async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_finishes(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    settings = Settings(agent_service_home=tmp_path / "home")
+    options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=4)
+    store = await _store(db_url)
+    try:
+        failing: Any = FailingEmbedder(minilm, fail_on=3)
+        with pytest.raises(IngestFailed) as caught:
+            await run_ingest(store, settings, options, embedder=failing)
+        failed = caught.value
+        docs, _ = await store.counts()
+        written = failed.report.new
+        assert 0 < written == docs < len(PAGES)
+        assert len(failed.not_ingested) == len(PAGES) - written
+        message = str(failed)
+        assert "RuntimeError: embedding server went away" in message
+        assert "second line" not in message
+        assert (
+            f"{written} document(s) written whole, {len(PAGES) - written} not ingested" in message
+        )
+        assert failed.not_ingested[0] in message and "(local)" in message
+        report = await run_ingest(store, settings, options, embedder=minilm)
+        assert (report.new, report.unchanged) == (len(PAGES) - written, written)
+    finally:
+        await store.close()

@@ -224,3 +224,33 @@ def test_bench_runs_the_module_from_the_root_passing_args_through(
     assert seen["argv"] == ["--rounds", "2", "--help", "x"]
     assert Path(seen["cwd"]).resolve() == tmp_path.resolve()
     assert cli.bench_command("fake", ["-x"]) == [sys.executable, "-m", "bench.fake", "-x"]
+
+
+def test_a_failed_ingest_says_what_failed_and_what_was_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ingest_jobs import pipeline
+    from serve_app import wiring
+
+    class NoStore:
+        async def close(self) -> None:
+            return None
+
+    async def open_store(*args: object, **kwargs: object) -> NoStore:
+        return NoStore()
+
+    async def failing_run(*args: object, **kwargs: object) -> pipeline.IngestReport:
+        report = pipeline.IngestReport(discovered=9, new=3, executor="ray")
+        missing = [f"docs/p{n}.md" for n in range(6)]
+        raise pipeline.IngestFailed(RuntimeError("ActorDiedError: the actor died"), report, missing)
+
+    monkeypatch.setattr(wiring, "open_store", open_store)
+    monkeypatch.setattr(pipeline, "run_ingest", failing_run)
+    code, out = run_cli(["ingest", "--root", str(tmp_path), "--executor", "ray", "--json"])
+    assert code == EXIT_FAILURE
+    report = json.loads(out)
+    assert report["failed"] is True and report["new"] == 3 and len(report["not_ingested"]) == 6
+    err = capsys.readouterr().err
+    assert "ingestion failed (ray): RuntimeError: ActorDiedError: the actor died" in err
+    assert "3 document(s) written whole, 6 not ingested (docs/p0.md" in err
+    assert "and 1 more" in err and "run the same command again" in err
