@@ -7,20 +7,26 @@ driver writes each document, with all of its chunks, in one transaction as soon 
 chunk is embedded: a crash leaves only whole documents, and a re-run finishes the job.
 
 ``executor="local"`` runs the same stage functions in-process; ``executor="ray"`` runs them
-on a local Ray or, under ``ray job submit``, on the cluster; ``executor="auto"`` (the
-default) picks by the work (:func:`choose_executor`).
+on a local Ray or, under ``ray job submit``, on the cluster, from a child process that sends
+the rows back (a dying Ray node ends only that child, and the run fails with its counts);
+``executor="auto"`` (the default) picks by the work (:func:`choose_executor`). Any failure
+part-way raises :class:`IngestFailed`: what failed, what was written, what was not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal
 
@@ -266,6 +272,90 @@ def _iter_ray(
     return _owned_rows(ds.iter_rows())
 
 
+ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once
+
+
+class RayPipelineLost(RuntimeError):
+    """The process running the Ray pipeline ended before its last row (its Ray node died:
+    Ray then ends the process itself, where no Python handler runs)."""
+
+    def __init__(self, exit_code: int | None) -> None:
+        super().__init__(
+            f"the Ray pipeline's process ended (exit code {exit_code}) before all rows "
+            "arrived; Ray's own logs are under /tmp/ray/session_latest/logs"
+        )
+
+
+def _iter_ray_isolated(
+    docs: Sequence[PreparedSource],
+    settings: Settings,
+    tokenizer_path: str | None,
+    options: IngestOptions,
+) -> Iterator[dict[str, Any]]:
+    """``_iter_ray`` in a child process that sends its rows over a pipe. A Ray node that
+    dies takes down the driver connected to it with a bare ``exit(1)``; here that is the
+    child, and this process, which writes the documents, reports what failed and what the
+    store holds. The pipe is the backpressure: the child blocks while the writer lags."""
+    context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_ray_child,
+        args=(list(docs), settings, tokenizer_path, options, sender),
+        name="ingest-ray",
+        daemon=True,
+    )
+    child.start()
+    sender.close()
+    return _child_rows(child, receiver)
+
+
+def _ray_child(
+    docs: list[PreparedSource],
+    settings: Settings,
+    tokenizer_path: str | None,
+    options: IngestOptions,
+    sender: Connection,
+) -> None:
+    # The rows go over the pipe; anything Ray prints (a dying node's last words) goes to
+    # stderr, so the parent's stdout stays its report (``--json``, ``--json-lines``).
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        batch: list[dict[str, Any]] = []
+        for row in _iter_ray(docs, settings, tokenizer_path, options):
+            batch.append(row)
+            if len(batch) >= ROWS_PER_MESSAGE:
+                sender.send(("rows", batch))
+                batch = []
+        sender.send(("rows", batch))
+        sender.send(("done", None))
+    except BaseException as exc:  # reported to the writer, which fails loudly with counts
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+def _child_rows(child: BaseProcess, receiver: Connection) -> Iterator[dict[str, Any]]:
+    try:
+        while True:
+            try:
+                kind, payload = receiver.recv()
+            except EOFError:
+                child.join(timeout=10)
+                raise RayPipelineLost(child.exitcode) from None
+            if kind == "rows":
+                yield from payload
+            elif kind == "error":
+                raise RuntimeError(payload)
+            else:
+                return
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.terminate()
+        child.join(timeout=10)
+
+
 def _owned_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Each row with its arrays copied out of the object store: a row the writer still holds
     must not pin (or outlive) the block it came from."""
@@ -448,7 +538,7 @@ async def _run_ingest(
         report.executor = choose_executor(options.executor, chunks, settings)
         log.info("embedding %d chunks of %d documents (%s)", chunks, len(docs), report.executor)
         if report.executor == "ray":
-            iterator = _iter_ray(docs, settings, tokenizer_path, options)
+            iterator = _iter_ray_isolated(docs, settings, tokenizer_path, options)
         else:
             iterator = _iter_local(
                 docs, embedder or build_embedder(settings), tokenizer_path, options

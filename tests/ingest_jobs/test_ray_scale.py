@@ -76,3 +76,109 @@ async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive(
     assert report["executor"] == "ray"
     stored = await snapshot(db_url)
     assert len(stored["documents"]) == TINY_PAGES
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _raylets(pid: int) -> list[int]:
+    raylets = []
+    for child in _descendants(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"raylet/raylet" in command:
+            raylets.append(child)
+    return raylets
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
+    db_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL to the run's raylet while documents are being written: Ray ends the process
+    connected to it with a bare exit(1), so the pipeline runs in a child process and the
+    writer reports what failed and what the store holds; a re-run finishes the job."""
+    import signal
+
+    import asyncpg
+
+    from foundation.database import asyncpg_url
+
+    root = tmp_path / "tiny"
+    root.mkdir()
+    for n in range(TINY_PAGES):
+        (root / f"page-{n:04d}.md").write_text(f"door count note {n}\n", encoding="utf-8")
+    env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)]
+    command += ["--executor", "ray", "--json-lines"]
+    proc = await asyncio.create_subprocess_exec(
+        *command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, limit=2**22
+    )  # the failure report lists every source not ingested: one long line
+    assert proc.stdout is not None and proc.stderr is not None
+    killed: list[int] = []
+    report: dict[str, Any] = {}
+    async for line in proc.stdout:
+        assert line.startswith(b"{"), f"stdout is the report only: {line!r}"
+        event = json.loads(line)
+        if event["event"] == "progress" and event["done"] > 0 and not killed:
+            killed = _raylets(proc.pid)
+            for raylet in killed:
+                os.kill(raylet, signal.SIGKILL)
+        if event["event"] == "report":
+            report = event
+    err = (await proc.stderr.read()).decode()
+    assert await proc.wait() == 1 and killed, err[-2000:]
+    assert report["failed"] is True and 0 < report["new"] < TINY_PAGES
+    assert len(report["not_ingested"]) == TINY_PAGES - report["new"]
+    assert "ingestion failed (ray): RayPipelineLost" in err
+    assert f"{report['new']} document(s) written whole" in err
+    conn = await asyncpg.connect(asyncpg_url(db_url))
+    try:
+        stored = await conn.fetchval("SELECT count(*) FROM documents")
+    finally:
+        await conn.close()
+    assert stored == report["new"]
+    again = await asyncio.to_thread(
+        subprocess.run,
+        [*command[:-1], "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    finished = json.loads(again.stdout)
+    assert (finished["new"], finished["unchanged"]) == (TINY_PAGES - stored, stored)
+    after = await snapshot(db_url)
+    assert len(after["documents"]) == len(after["chunks"]) == TINY_PAGES
+    # the store equals a clean ingest of the same pages (documents, chunks, ACLs)
+    conn = await asyncpg.connect(asyncpg_url(db_url))
+    try:
+        await conn.execute("DELETE FROM documents")
+    finally:
+        await conn.close()
+    clean = [*command[:-3], "--executor", "local", "--json"]
+    done = await asyncio.to_thread(
+        subprocess.run, clean, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    fresh = await snapshot(db_url)
+    assert (fresh["documents"], fresh["chunks"]) == (after["documents"], after["chunks"])
