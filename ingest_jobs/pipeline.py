@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -204,7 +204,7 @@ def _settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _start_ray(settings: Settings) -> None:
+def start_ray(settings: Settings) -> None:
     """Join ``RAY_ADDRESS`` or start a private local Ray, on the CALLING thread.
 
     Ray's local processes (raylet, GCS) die with the thread that started them: it forks them
@@ -241,11 +241,11 @@ def _iter_ray(
     options: IngestOptions,
 ) -> Iterator[dict[str, Any]]:
     """The chunk rows of ``docs`` from the Ray Data pipeline. Ray is started here, on the
-    caller's thread (``_start_ray``); the rows may then be drained on any thread."""
+    caller's thread (``start_ray``); the rows may then be drained on any thread."""
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
 
-    _start_ray(settings)
+    start_ray(settings)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
@@ -269,7 +269,7 @@ def _iter_ray(
         compute=ActorPoolStrategy(size=options.embed_actors),
         num_cpus=min(1.0, settings.ingest_cpus / (options.embed_actors + 1)),
     )
-    return _owned_rows(ds.iter_rows())
+    return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 
 
 ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once
@@ -354,13 +354,6 @@ def _child_rows(child: BaseProcess, receiver: Connection) -> Iterator[dict[str, 
         if child.is_alive():
             child.terminate()
         child.join(timeout=10)
-
-
-def _owned_rows(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Each row with its arrays copied out of the object store: a row the writer still holds
-    must not pin (or outlive) the block it came from."""
-    for row in rows:
-        yield {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in row.items()}
 
 
 def _iter_local(

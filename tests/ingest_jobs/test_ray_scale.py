@@ -21,6 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_PAGES = 2000
 
 
+def _tiny_pages(tmp_path: Path, line: str) -> Path:
+    root = tmp_path / "tiny"
+    root.mkdir()
+    for n in range(TINY_PAGES):
+        (root / f"page-{n:04d}.md").write_text(f"{line} {n}\n", encoding="utf-8")
+    return root
+
+
+def _ray_ingest(root: Path, output: str) -> list[str]:
+    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)]
+    return [*command, "--executor", "ray", output]
+
+
 def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) -> None:
     """Ray's local processes die with the thread that started them (PR_SET_PDEATHSIG): the
     pipeline must start Ray when it is built, on the caller's thread, not lazily on the
@@ -34,7 +47,7 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
         started_on.append(threading.current_thread())
         raise Stop
 
-    monkeypatch.setattr(pipeline, "_start_ray", fake_start)
+    monkeypatch.setattr(pipeline, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
         pipeline._iter_ray([], Settings(), None, pipeline.IngestOptions(roots=[]))
     assert started_on == [threading.current_thread()]
@@ -60,13 +73,9 @@ async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive(
 ) -> None:
     """974 one-line pages used to end the process with exit 1 and no message after ~730
     documents (Ray's raylet was killed when the row feed's thread ended)."""
-    root = tmp_path / "tiny"
-    root.mkdir()
-    for n in range(TINY_PAGES):
-        (root / f"page-{n:04d}.md").write_text(f"sensor note {n}\n", encoding="utf-8")
+    root = _tiny_pages(tmp_path, "sensor note")
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)]
-    command += ["--executor", "ray", "--json"]
+    command = _ray_ingest(root, "--json")
     proc = await asyncio.to_thread(
         subprocess.run, command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
     )
@@ -121,13 +130,9 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
 
     from foundation.database import asyncpg_url
 
-    root = tmp_path / "tiny"
-    root.mkdir()
-    for n in range(TINY_PAGES):
-        (root / f"page-{n:04d}.md").write_text(f"door count note {n}\n", encoding="utf-8")
+    root = _tiny_pages(tmp_path, "door count note")
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "serve_app.cli", "ingest", "--root", str(root)]
-    command += ["--executor", "ray", "--json-lines"]
+    command = _ray_ingest(root, "--json-lines")
     proc = await asyncio.create_subprocess_exec(
         *command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, limit=2**22
     )  # the failure report lists every source not ingested: one long line
