@@ -167,6 +167,16 @@ class Settings(BaseSettings):
             "used). 0: always Ray."
         ),
     )
+    ingest_object_store_mb: int = Field(
+        default=200,
+        ge=75,  # Ray's own minimum
+        le=1_048_576,
+        description=(
+            "Object store of the private Ray an ingestion run starts, in MiB. The pipeline "
+            "streams: a corpus many times this size works (Ray Data holds back reading while "
+            "blocks wait, and spills to disk past the store)."
+        ),
+    )
 
     # --- live data services ---
     twin_service_url: str = "http://127.0.0.1:8101"

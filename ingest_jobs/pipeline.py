@@ -16,6 +16,7 @@ part-way raises :class:`IngestFailed`: what failed, what was written, what was n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -43,6 +44,7 @@ from ingest_jobs.sources import (
     chunk_rows,
     discover,
     prepare,
+    read_body,
     token_counter,
 )
 from retrieval.embedders import Embedder, build_embedder, resolve_local_model
@@ -144,17 +146,19 @@ def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
 
 
 class _ChunkStage:
-    """Ray Data ``flat_map`` callable: one document row -> its chunk rows."""
+    """Ray Data ``flat_map`` callable: one document row (its path and hash) -> its chunk rows.
+    The worker reads the file itself, so the corpus streams through the object store."""
 
     def __init__(self, tokenizer_path: str | None, max_tokens: int) -> None:
         self.tokenizer_path = tokenizer_path
         self.max_tokens = max_tokens
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        source = str(row["source"])
         doc = PreparedSource(
-            source=row["source"],
+            source=source,
             title=None,
-            body=row["body"],
+            body=read_body(Path(row["path"]), source, str(row["content_hash"])),
             content_hash="",
             fingerprint="",
             permissions=[],
@@ -227,7 +231,7 @@ def start_ray(settings: Settings) -> None:
     ray.init(
         address="local",
         num_cpus=settings.ingest_cpus,
-        object_store_memory=200 * 1024 * 1024,
+        object_store_memory=settings.ingest_object_store_mb * 1024 * 1024,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
@@ -235,7 +239,8 @@ def start_ray(settings: Settings) -> None:
 
 
 def _iter_ray(
-    docs: Sequence[PreparedSource],
+    items: list[dict[str, str]],
+    blocks: int,
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
@@ -250,8 +255,7 @@ def _iter_ray(
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
 
-    items = [{"source": d.source, "body": d.body} for d in docs]
-    ds: Any = ray.data.from_items(items, override_num_blocks=max(1, min(8, len(items))))
+    ds: Any = ray.data.from_items(items, override_num_blocks=blocks)
     ds = ds.flat_map(
         _ChunkStage,
         fn_constructor_args=(tokenizer_path, options.max_tokens),
@@ -270,6 +274,35 @@ def _iter_ray(
         num_cpus=min(1.0, settings.ingest_cpus / (options.embed_actors + 1)),
     )
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
+
+
+BYTES_PER_READ_BLOCK = 4 * 1024 * 1024
+
+
+def _read_items(docs: Sequence[PreparedSource]) -> tuple[list[dict[str, str]], int]:
+    """What the Ray pipeline reads (path and hash per document, never the text) and in how
+    many blocks: at least 8 (or one per document), more for a large corpus, so each block's
+    chunks stay a few MiB and the streaming executor can hold back reading while the
+    embedder catches up."""
+    items = [
+        {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
+    ]
+    corpus = sum(_size(d) for d in docs)
+    return items, max(1, min(len(docs), max(8, corpus // BYTES_PER_READ_BLOCK)))
+
+
+def _size(doc: PreparedSource) -> int:
+    try:
+        return doc.path.stat().st_size if doc.path else len(doc.body)
+    except OSError:
+        return 0  # gone since it was hashed: its read fails the run with a clear message
+
+
+def _text(doc: PreparedSource) -> str:
+    """A pending document's text: dropped once counted, read again (and checked) here."""
+    if doc.body or doc.path is None:
+        return doc.body
+    return read_body(doc.path, doc.source, doc.content_hash)
 
 
 ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once
@@ -298,9 +331,10 @@ def _iter_ray_isolated(
     store holds. The pipe is the backpressure: the child blocks while the writer lags."""
     context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
     receiver, sender = context.Pipe(duplex=False)
+    items, blocks = _read_items(docs)
     child = context.Process(
         target=_ray_child,
-        args=(list(docs), settings, tokenizer_path, options, sender),
+        args=(items, blocks, settings, tokenizer_path, options, sender),
         name="ingest-ray",
         daemon=True,
     )
@@ -310,7 +344,8 @@ def _iter_ray_isolated(
 
 
 def _ray_child(
-    docs: list[PreparedSource],
+    items: list[dict[str, str]],
+    blocks: int,
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
@@ -322,7 +357,7 @@ def _ray_child(
     sys.stdout = sys.stderr
     try:
         batch: list[dict[str, Any]] = []
-        for row in _iter_ray(docs, settings, tokenizer_path, options):
+        for row in _iter_ray(items, blocks, settings, tokenizer_path, options):
             batch.append(row)
             if len(batch) >= ROWS_PER_MESSAGE:
                 sender.send(("rows", batch))
@@ -365,7 +400,8 @@ def _iter_local(
     counter = token_counter(tokenizer_path) if tokenizer_path else embedder.count_tokens
     rows: list[dict[str, Any]] = []
     for doc in docs:
-        rows.extend(chunk_rows(doc, counter, options.max_tokens))
+        with_text = dataclasses.replace(doc, body=_text(doc))
+        rows.extend(chunk_rows(with_text, counter, options.max_tokens))
         while len(rows) >= options.batch_size:
             batch, rows = rows[: options.batch_size], rows[options.batch_size :]
             yield from _embed_rows(batch, embedder)
@@ -481,7 +517,17 @@ async def _run_ingest(
     if embedder_name in {"sentence-transformers/all-MiniLM-L6-v2"}:
         embedder_name = "all-MiniLM-L6-v2"
 
+    tokenizer_path = (
+        resolve_local_model(settings.embedding_model)
+        if settings.embedding_backend == "sentence-transformers"
+        else None
+    )
+    counter = token_counter(tokenizer_path)
+    # The text is dropped once counted: memory holds one document's text, not the corpus
+    # (the executors read each file again, and check it is the one hashed here).
     pending: dict[str, PreparedSource] = {}
+    empty: list[PreparedSource] = []  # no chunks (an empty page): never reach the executors
+    chunks = 0
     for file in files:
         prepared = prepare(file, embedder_name=embedder_name, max_tokens=options.max_tokens)
         if isinstance(prepared, SkippedSource):
@@ -492,16 +538,17 @@ async def _run_ingest(
         old = stored.get(prepared.source)
         if old is not None and old.fingerprint == prepared.fingerprint:
             report.unchanged += 1
+            continue
+        rows = chunk_rows(prepared, counter, options.max_tokens) if prepared.body.strip() else []
+        chunks += len(rows)
+        light = dataclasses.replace(prepared, body="")
+        if rows:
+            pending[prepared.source] = light
         else:
-            pending[prepared.source] = prepared
+            empty.append(light)
 
-    total = len(pending)
+    total = len(pending) + len(empty)
     notify("start", 0, total)
-    tokenizer_path = (
-        resolve_local_model(settings.embedding_model)
-        if settings.embedding_backend == "sentence-transformers"
-        else None
-    )
 
     async def write(doc: PreparedSource, rows: list[dict[str, Any]]) -> None:
         with tracer().start_as_current_span(
@@ -516,15 +563,8 @@ async def _run_ingest(
         report.chunks_written += len(rows)
         notify("document", report.new + report.replaced, total)
 
-    # Documents with no chunks (an empty page) never reach the chunk stream.
-    counter = token_counter(tokenizer_path)
-    chunks = 0
-    for source, doc in list(pending.items()):
-        rows = chunk_rows(doc, counter, options.max_tokens) if doc.body.strip() else []
-        chunks += len(rows)
-        if not rows:
-            await write(doc, [])
-            del pending[source]
+    for doc in empty:
+        await write(doc, [])
 
     if pending:
         docs = list(pending.values())
@@ -536,23 +576,26 @@ async def _run_ingest(
             iterator = _iter_local(
                 docs, embedder or build_embedder(settings), tokenizer_path, options
             )
-        rows_by_source: dict[str, list[dict[str, Any]]] = {}
+        # keyed by ordinal: a Ray task retried after its worker died may repeat rows
+        rows_by_source: dict[str, dict[int, dict[str, Any]]] = {}
         embed_span = tracer().start_span(
             "ingest.embed",
             attributes={
                 attr.LANGFUSE_TYPE: "embedding",
                 attr.GEN_AI_OPERATION: "embeddings",
                 attr.GEN_AI_REQUEST_MODEL: settings.embedding_model,
-                "ingest.documents": len(docs),
+                "ingest.documents": len(pending),
             },
         )
         try:
             async for item in _RowFeed(iterator).rows():
                 source = str(item["source"])
-                bucket = rows_by_source.setdefault(source, [])
-                bucket.append(item)
+                if source not in pending:
+                    continue  # a repeat of a document already written
+                bucket = rows_by_source.setdefault(source, {})
+                bucket[int(item["ordinal"])] = item
                 if len(bucket) == int(item["n_chunks"]):
-                    await write(pending.pop(source), rows_by_source.pop(source))
+                    await write(pending.pop(source), list(rows_by_source.pop(source).values()))
             if pending:
                 raise RuntimeError("the pipeline ended without some documents' chunks")
         except Exception as exc:

@@ -45,6 +45,7 @@ class PreparedSource:
     fingerprint: str
     permissions: list[str]
     metadata: dict[str, object]
+    path: Path | None = None  # where a Ray worker reads it again (``read_body``)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,23 @@ def prepare(
         fingerprint=fingerprint(content_hash, permissions, embedder_name, max_tokens),
         permissions=permissions,
         metadata=metadata,
+        path=file.path,
     )
+
+
+class SourceChanged(RuntimeError):
+    """A source's bytes differ from the ones hashed when the run began."""
+
+
+def read_body(path: Path, source: str, content_hash: str) -> str:
+    """The Markdown body of a source already prepared, read again where the pipeline runs (a
+    Ray worker): the driver sends paths, not text, so no corpus-sized object crosses the
+    object store at once. A file that changed since it was hashed fails the run: its new
+    text must not be stored under the old fingerprint."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != content_hash:
+        raise SourceChanged(f"{source} changed while it was being ingested; run again")
+    return parse_source(decode_source(data, source), source).body
 
 
 def _holds_nul(title: str | None, body: str, metadata: dict[str, object]) -> str | None:

@@ -296,3 +296,47 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
         assert (report.new, report.unchanged) == (len(PAGES) - written, written)
     finally:
         await store.close()
+
+
+class EditingEmbedder:
+    """The real embedder; its first batch edits a page the run has hashed but not yet read
+    again (an editor saving a file while ingestion runs)."""
+
+    def __init__(self, inner: SentenceTransformerEmbedder, page: Path) -> None:
+        self.inner, self.page, self.edited = inner, page, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def encode(self, texts: list[str]) -> Any:
+        if not self.edited:
+            self.page.write_text("# Edited\n\nSaved while the run was going.\n", encoding="utf-8")
+            self.edited = True
+        return self.inner.encode(texts)
+
+
+async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    """The run keeps one page's text in memory at a time and reads each page again to chunk
+    it: a page whose bytes changed since they were hashed fails the run by name, rather than
+    storing the new text under the old fingerprint (a re-run would then skip it forever)."""
+    root = write_corpus(tmp_path / "docs")
+    last = sorted(p for p in root.rglob("*") if p.suffix in {".md", ".markdown", ".qd"})[-1]
+    settings = Settings(agent_service_home=tmp_path / "home")
+    options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=1)
+    store = await _store(db_url)
+    try:
+        with pytest.raises(IngestFailed) as caught:
+            await run_ingest(store, settings, options, embedder=EditingEmbedder(minilm, last))
+        assert f"SourceChanged: {last.as_posix()} changed while it was being ingested" in str(
+            caught.value
+        )
+        assert last.as_posix() in caught.value.not_ingested
+        report = await run_ingest(store, settings, options, embedder=minilm)
+        assert report.new == len(caught.value.not_ingested)
+        assert (await store.counts())[0] == len(PAGES)
+        again = await run_ingest(store, settings, options, embedder=minilm)
+        assert (again.new, again.unchanged) == (0, len(PAGES))  # stored under its new hash
+    finally:
+        await store.close()

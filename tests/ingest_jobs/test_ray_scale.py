@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from foundation.settings import Settings
 from ingest_jobs import pipeline
+from ingest_jobs.sources import PreparedSource, chunk_id, chunk_rows, token_counter
+from retrieval.search import embedding_input
 from tests.ingest_jobs.test_pipeline import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +55,7 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
 
     monkeypatch.setattr(pipeline, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
-        pipeline._iter_ray([], Settings(), None, pipeline.IngestOptions(roots=[]))
+        pipeline._iter_ray([], 1, Settings(), None, pipeline.IngestOptions(roots=[]))
     assert started_on == [threading.current_thread()]
 
 
@@ -68,23 +74,156 @@ def test_auto_runs_small_corpora_in_process_and_joins_a_running_cluster(
 
 @pytest.mark.slow
 @pytest.mark.integration
-async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive(
-    db_url: str, tmp_path: Path
+async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive_past_a_killed_worker(
+    db_url: str, tmp_path: Path, minilm: Any
 ) -> None:
     """974 one-line pages used to end the process with exit 1 and no message after ~730
-    documents (Ray's raylet was killed when the row feed's thread ended)."""
+    documents (Ray's raylet was killed when the row feed's thread ended). Here the embedding
+    worker is also SIGKILLed once documents are being written: Ray Data starts a new actor and
+    retries the lost batch, and the writer takes each chunk once."""
+    import signal
+
     root = _tiny_pages(tmp_path, "sensor note")
+    # float32 weights, as the session's MiniLM (auto is bfloat16 where the CPU has it)
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
-    command = _ray_ingest(root, "--json")
-    proc = await asyncio.to_thread(
-        subprocess.run, command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    env["EMBEDDING_DTYPE"] = "float32"
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:  # a file: the run's logs must never block it
+        proc = await asyncio.create_subprocess_exec(
+            *_ray_ingest(root, "--json-lines"), cwd=ROOT, env=env, stdout=PIPE, stderr=stderr
+        )
+    assert proc.stdout is not None
+    killed: list[int] = []
+    killed_at = 0
+    report: dict[str, Any] = {}
+    async for line in proc.stdout:
+        event = json.loads(line)
+        if event["event"] == "progress" and event["done"] > 0 and not killed:
+            killed_at = event["done"]
+            killed = _processes(proc.pid, b"MapBatches(_EmbedActor)")
+            for worker in killed:
+                os.kill(worker, signal.SIGKILL)
+        if event["event"] == "report":
+            report = event
+    assert await proc.wait() == 0 and len(killed) == 1, log.read_text()[-3000:]
     assert (report["new"], report["chunks_written"]) == (TINY_PAGES, TINY_PAGES)
-    assert report["executor"] == "ray"
+    assert report["executor"] == "ray" and killed_at < TINY_PAGES // 2  # killed mid-run
     stored = await snapshot(db_url)
-    assert len(stored["documents"]) == TINY_PAGES
+    assert len(stored["documents"]) == len(stored["chunks"]) == TINY_PAGES
+    # each page's one chunk, with the id and the vector a clean in-process ingest gives it
+    expected = sorted(
+        (chunk_id(p.as_posix(), 0, p.read_text().strip()), p.as_posix()) for p in root.iterdir()
+    )
+    assert [(c[0], c[1]) for c in stored["chunks"]] == expected
+    texts = [embedding_input(str(c[4]), str(c[3])) for c in stored["chunks"][::50]]
+    worst = float(np.abs(minilm.encode(texts) - stored["embeddings"][::50]).max())
+    assert worst <= 1e-5
+
+
+LARGE_PAGES = 200
+SECTIONS_PER_PAGE = 44
+SECTION_BYTES = 28_000  # ~7,000 estimated tokens: one chunk per section at the 8,192 budget
+OBJECT_STORE_MB = 75  # Ray's minimum object store
+
+
+def _large_pages(tmp_path: Path) -> Path:
+    root = tmp_path / "large"
+    root.mkdir()
+    for n in range(LARGE_PAGES):
+        parts = [f"# Manual {n}\n"]
+        for j in range(SECTIONS_PER_PAGE):
+            sentence = f"Room {n}-{j} on floor {j} logged {n * j % 97} people at sensor s{j}. "
+            parts.append(f"## Part {j}\n\n{sentence * (SECTION_BYTES // len(sentence))}\n")
+        (root / f"manual-{n:03d}.md").write_text("\n".join(parts), encoding="utf-8")
+    return root
+
+
+def _digest_vector(text: str, dimensions: int = 384) -> list[float]:
+    """A deterministic unit vector from the text's digest: cheap at 250 MB of text, where the
+    scripted server's hashed bag of words (a digest per word) would take minutes."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    vector = np.random.default_rng(seed).standard_normal(dimensions)
+    return [float(v) for v in vector / np.linalg.norm(vector)]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_two_hundred_large_pages_several_times_the_object_store_stream_through(
+    db_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """200 pages of 1.2 MB (~250 MB, 3x Ray's smallest object store) on a 75 MB object store:
+    the workers read the files themselves, the pipeline streams, every chunk arrives once
+    with its vector, and the driver never holds the corpus (its peak memory stays well below
+    the corpus size)."""
+    from local_world.scripted_llm import ScriptedLLM, create_llm_app
+    from local_world.scripted_llm import embeddings as scripted_embeddings
+    from local_world.servers import run_in_thread
+
+    root = _large_pages(tmp_path)
+    corpus_mb = sum(p.stat().st_size for p in root.iterdir()) / 2**20
+    assert corpus_mb > 3 * OBJECT_STORE_MB
+    monkeypatch.setattr(scripted_embeddings, "embed_text", _digest_vector)
+    with run_in_thread(create_llm_app(ScriptedLLM())) as llm_url:
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "EMBEDDING_BACKEND": "openai",
+            "EMBEDDING_BASE_URL": llm_url + "/v1",
+            "EMBEDDING_MODEL": "digest-384",
+            "EMBEDDING_DIM": "384",
+            "LLM_API_KEY": "test-key",
+            "CHUNK_MAX_TOKENS": "8192",
+            "INGEST_OBJECT_STORE_MB": str(OBJECT_STORE_MB),
+            "HF_HUB_OFFLINE": "1",
+        }
+        out, err = tmp_path / "stdout.json", tmp_path / "stderr.log"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *_ray_ingest(root, "--json"), cwd=ROOT, env=env, stdout=stdout, stderr=stderr
+            )
+            peak_kb = await _peak_rss_kb(proc)
+    assert proc.returncode == 0, err.read_text()[-3000:]
+    report = json.loads(out.read_text())
+    assert report["executor"] == "ray" and report["new"] == LARGE_PAGES
+    # holding the corpus would take more than its size on top of the interpreter
+    assert peak_kb / 1024 < 0.75 * corpus_mb, f"driver peak {peak_kb / 1024:.0f} MiB"
+    expected = {}
+    for page in sorted(root.iterdir()):
+        doc = PreparedSource(page.as_posix(), None, page.read_text(), "", "", [], {})
+        for row in chunk_rows(doc, token_counter(None), 8191 - 48):
+            expected[row["id"]] = _digest_vector(embedding_input(row["section"], row["text"]))
+    assert report["chunks_written"] == len(expected) >= LARGE_PAGES * SECTIONS_PER_PAGE
+    import asyncpg
+    from pgvector.asyncpg import register_vector
+
+    conn = await asyncpg.connect(db_url)
+    await register_vector(conn)
+    try:
+        rows = await conn.fetch("SELECT id, embedding FROM chunks")
+    finally:
+        await conn.close()
+    assert {r["id"] for r in rows} == set(expected)
+    sample = rows[:: max(1, len(rows) // 200)]
+    worst = max(float(np.abs(r["embedding"].to_numpy() - expected[r["id"]]).max()) for r in sample)
+    assert worst <= 1e-6
+
+
+async def _peak_rss_kb(proc: asyncio.subprocess.Process) -> int:
+    """The process's high-water resident memory (VmHWM), sampled until it exits."""
+    peak = 0
+    while proc.returncode is None:
+        peak = max(peak, _vm_hwm_kb(proc.pid))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 0.2)
+    return peak
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmHWM:")), 0)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -104,16 +243,17 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _raylets(pid: int) -> list[int]:
-    raylets = []
+def _processes(pid: int, marker: bytes) -> list[int]:
+    """Descendants of ``pid`` whose command line holds ``marker``."""
+    found = []
     for child in _descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"raylet/raylet" in command:
-            raylets.append(child)
-    return raylets
+        if marker in command:
+            found.append(child)
+    return found
 
 
 @pytest.mark.slow
@@ -143,7 +283,7 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
         assert line.startswith(b"{"), f"stdout is the report only: {line!r}"
         event = json.loads(line)
         if event["event"] == "progress" and event["done"] > 0 and not killed:
-            killed = _raylets(proc.pid)
+            killed = _processes(proc.pid, b"raylet/raylet")
             for raylet in killed:
                 os.kill(raylet, signal.SIGKILL)
         if event["event"] == "report":
