@@ -1,17 +1,21 @@
-"""Ingestion throughput: the Ray Data job vs the raw embedder on the same chunks, same run.
+"""Ingestion throughput: both executors vs the raw embedder on the same chunks, same run.
 
-    python -m bench.ingest [--copies 4] [--actors 1]
+    python -m bench.ingest [--corpora sample,1000,10000] [--actors 1]
 
-The corpus is the sample documentation copied ``--copies`` times (distinct sources, so every
-copy is chunked, embedded and written). Three figures, each over the same chunks:
+Each corpus is one of: ``sample`` (the 26 sample documentation pages), ``samplexN`` (those
+pages copied N times, distinct sources) or a number N (N pages of one real docstring
+paragraph each, from the installed packages: real technical English, one chunk per page).
+For each corpus, over the same chunks:
 
 1. raw: ``SentenceTransformerEmbedder.encode`` over the chunk texts in batches, in-process
    (the physical limit on this machine: the embedder is where the CPU goes);
 2. local: the whole pipeline in one process (read, hash, chunk, embed, COPY);
-3. ray: the Ray Data job (chunk tasks, embedding actor pool, driver writes), timed after
-   ``ray.init`` as a job on a running cluster would be; ``ray.init`` is reported apart.
+3. ray: the Ray Data job (chunk tasks, embedding actor pool, a child process that sends the
+   rows, driver writes), timed after ``ray.init`` as a job on a running cluster would be;
+   ``ray.init`` (once, shared) is reported apart;
 
-Each pipeline run writes into a fresh database on the configured server.
+and which executor ``--executor auto`` picks for it. Each pipeline run writes into a fresh
+database on the configured server.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bench.text_corpus import build_texts
 from foundation.database import (
     ensure_database_exists,
     migrate,
@@ -37,6 +42,7 @@ from foundation.settings import load_settings
 from ingest_jobs.pipeline import (
     Executor,
     IngestOptions,
+    choose_executor,
     effective_max_tokens,
     run_ingest,
     start_ray,
@@ -54,7 +60,20 @@ from retrieval.store import PgDocumentStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_corpus(dest: Path, copies: int) -> list[tuple[Path, list[str]]]:
+def build_corpus(dest: Path, name: str) -> list[tuple[Path, list[str]]]:
+    """The roots of corpus ``name`` (see the module docstring), written under ``dest``."""
+    if name == "sample" or name.startswith("samplex"):
+        return copy_samples(dest, int(name.removeprefix("samplex") or "1"))
+    pages = int(name)
+    root = dest / "pages"
+    root.mkdir(parents=True)
+    texts, _ = build_texts(pages, 0, seed=15)
+    for n, text in enumerate(texts):
+        (root / f"page-{n:05d}.md").write_text(f"# Page {n}\n\n{text}\n", encoding="utf-8")
+    return [(root, [])]
+
+
+def copy_samples(dest: Path, copies: int) -> list[tuple[Path, list[str]]]:
     roots: list[tuple[Path, list[str]]] = []
     for i in range(copies):
         for folder in ("user", "developer"):
@@ -80,98 +99,122 @@ async def drop(admin_url: str, name: str) -> None:
         await conn.close()
 
 
-async def main_async(copies: int, actors: int, compare_float32: bool) -> None:
+async def main_async(corpora: list[str], actors: int, compare_float32: bool) -> None:
     settings = load_settings()
     admin_url = with_database(await resolve_database_url(settings), "postgres")
     # The configured embedder (EMBEDDING_DTYPE included), as the pipelines build it.
     embedder = build_embedder(settings)
     max_tokens = effective_max_tokens(settings, embedder.max_tokens)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
-    try:
-        roots = build_corpus(tmp, copies)
-        # The same chunks the pipelines will produce, for the raw encode rate.
-        counter = token_counter(resolve_local_model("all-MiniLM-L6-v2"))
-        texts: list[str] = []
-        for file in discover(roots):
-            doc = prepare(file, embedder_name=embedder.name, max_tokens=max_tokens)
-            if isinstance(doc, PreparedSource):
-                texts.extend(
-                    embedding_input(r["section"], r["text"])
-                    for r in chunk_rows(doc, counter, max_tokens)
-                )
+    dtype = getattr(embedder, "dtype", "float32")
+    print(f"embedder {embedder.name} ({dtype}), chunk budget {max_tokens} tokens", flush=True)
+    import ray
 
-        def raw_encode_seconds(model: Embedder) -> float:
-            model.encode(texts[:64])  # warm-up
-            start = time.perf_counter()
-            for i in range(0, len(texts), settings.embedding_batch_size):
-                model.encode(texts[i : i + settings.embedding_batch_size])
-            return time.perf_counter() - start
-
-        raw_s = raw_encode_seconds(embedder)
-        raw_rate = len(texts) / raw_s
-        dtype = getattr(embedder, "dtype", "float32")
-        print(f"corpus: {len(discover(roots))} documents, {len(texts)} chunks", flush=True)
-        print(f"raw encode ({dtype}) {raw_rate:7.1f} chunks/s  ({raw_s:.1f}s)", flush=True)
-        if compare_float32 and dtype != "float32":
-            fp32_s = raw_encode_seconds(
-                SentenceTransformerEmbedder("all-MiniLM-L6-v2", dtype="float32")
+    t0 = time.perf_counter()
+    start_ray(settings)
+    # The pipeline runs Ray Data in a child process: it joins this Ray, so the start stays
+    # out of the rate (as on a running cluster).
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    print(f"ray.init {time.perf_counter() - t0:.1f}s (once, not counted)", flush=True)
+    rows = []
+    for name in corpora:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+        try:
+            roots = build_corpus(tmp, name)
+            rows.append(
+                await measure(name, roots, embedder, max_tokens, actors, admin_url, compare_float32)
             )
-            print(
-                f"raw encode (float32) {len(texts) / fp32_s:7.1f} chunks/s  ({fp32_s:.1f}s): "
-                f"{dtype} is {fp32_s / raw_s:.2f}x faster",
-                flush=True,
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| corpus | pages | chunks | raw encode | in-process | Ray Data | auto picks |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for row in rows:
+        print(row)
+
+
+async def measure(
+    name: str,
+    roots: list[tuple[Path, list[str]]],
+    embedder: Embedder,
+    max_tokens: int,
+    actors: int,
+    admin_url: str,
+    compare_float32: bool,
+) -> str:
+    """One corpus: raw encode, then each executor into a fresh database; a table row."""
+    settings = load_settings()
+    counter = token_counter(resolve_local_model("all-MiniLM-L6-v2"))
+    texts: list[str] = []
+    files = discover(roots)
+    for file in files:
+        doc = prepare(file, embedder_name=embedder.name, max_tokens=max_tokens)
+        if isinstance(doc, PreparedSource):
+            texts.extend(
+                embedding_input(r["section"], r["text"])
+                for r in chunk_rows(doc, counter, max_tokens)
             )
 
-        results: dict[str, float] = {}
-        executors: tuple[Executor, ...] = ("local", "ray")
-        for executor in executors:
-            store, name = await fresh_store(admin_url)
-            try:
-                if executor == "ray":
-                    import ray
+    def raw_encode_seconds(model: Embedder) -> float:
+        model.encode(texts[:64])  # warm-up
+        start = time.perf_counter()
+        for i in range(0, len(texts), settings.embedding_batch_size):
+            model.encode(texts[i : i + settings.embedding_batch_size])
+        return time.perf_counter() - start
 
-                    t0 = time.perf_counter()
-                    start_ray(settings)
-                    # The pipeline runs Ray Data in a child process: it joins this Ray, so the
-                    # start stays out of the rate (as on a running cluster).
-                    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-                    print(f"ray.init       {time.perf_counter() - t0:.1f}s (not counted)")
-                options = IngestOptions(
-                    roots=roots,
-                    executor=executor,
-                    embed_actors=actors,
-                    batch_size=settings.embedding_batch_size,
-                    max_tokens=max_tokens,
-                )
-                report = await run_ingest(
-                    store,
-                    settings,
-                    options,
-                    embedder=embedder if executor == "local" else None,
-                )
-                rate = report.chunks_written / report.seconds
-                results[executor] = rate
-                print(
-                    f"{executor:<14} {rate:7.1f} chunks/s  ({report.seconds:.1f}s, "
-                    f"{report.chunks_written} chunks, {report.new} documents)",
-                    flush=True,
-                )
-            finally:
-                await store.close()
-                await drop(admin_url, name)
+    raw_s = raw_encode_seconds(embedder)
+    raw_rate = len(texts) / raw_s
+    print(f"\n{name}: {len(files)} documents, {len(texts)} chunks", flush=True)
+    print(f"raw encode     {raw_rate:7.1f} chunks/s  ({raw_s:.1f}s)", flush=True)
+    if compare_float32 and getattr(embedder, "dtype", "float32") != "float32":
+        fp32 = SentenceTransformerEmbedder("all-MiniLM-L6-v2", dtype="float32")
+        fp32_s = raw_encode_seconds(fp32)
+        print(f"raw float32    {len(texts) / fp32_s:7.1f} chunks/s  ({fp32_s:.1f}s)", flush=True)
+
+    cells: dict[str, str] = {}
+    executors: tuple[Executor, ...] = ("local", "ray")
+    for executor in executors:
+        store, db = await fresh_store(admin_url)
+        try:
+            options = IngestOptions(
+                roots=roots,
+                executor=executor,
+                embed_actors=actors,
+                batch_size=settings.embedding_batch_size,
+                max_tokens=max_tokens,
+            )
+            report = await run_ingest(
+                store, settings, options, embedder=embedder if executor == "local" else None
+            )
+        finally:
+            await store.close()
+            await drop(admin_url, db)
+        rate = report.chunks_written / report.seconds
         print(
-            f"ratio ray/raw {results['ray'] / raw_rate:.2f}  local/raw "
-            f"{results['local'] / raw_rate:.2f}  ray/local {results['ray'] / results['local']:.2f}"
+            f"{executor:<14} {rate:7.1f} chunks/s  ({report.seconds:.1f}s, "
+            f"{report.chunks_written} chunks, {report.new} documents): "
+            f"{rate / raw_rate:.2f}x raw",
+            flush=True,
         )
+        cells[executor] = f"{report.seconds:.1f} s, {rate:.1f}/s, {rate / raw_rate:.2f}x raw"
+    saved = os.environ.pop("RAY_ADDRESS")  # auto on this machine alone, no running cluster
+    try:
+        auto = choose_executor("auto", len(texts), settings)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.environ["RAY_ADDRESS"] = saved
+    return (
+        f"| {name} | {len(files)} | {len(texts)} | {raw_s:.1f} s, {raw_rate:.1f}/s | "
+        f"{cells['local']} | {cells['ray']} | {'in-process' if auto == 'local' else 'Ray'} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument(
+        "--corpora",
+        default="sample,1000,10000",
+        help="comma-separated: sample, samplexN (N copies), or N docstring pages",
+    )
     parser.add_argument("--actors", type=int, default=1)
     parser.add_argument(
         "--compare-float32",
@@ -180,7 +223,8 @@ def main() -> None:
         "bfloat16), for the speed-up",
     )
     args = parser.parse_args()
-    asyncio.run(main_async(args.copies, args.actors, args.compare_float32))
+    corpora = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    asyncio.run(main_async(corpora, args.actors, args.compare_float32))
 
 
 if __name__ == "__main__":

@@ -145,32 +145,15 @@ def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
 # --- the Ray Data stages ----------------------------------------------------------------------
 
 
-class _ChunkStage:
-    """Ray Data ``flat_map`` callable: one document row (its path and hash) -> its chunk rows.
-    The worker reads the file itself, so the corpus streams through the object store."""
+class _ChunkEmbedActor:
+    """Ray Data actor-pool callable: a batch of documents (path and hash each) -> their
+    embedded chunk rows. The worker reads each file itself, so the corpus streams through the
+    object store, and chunks it beside the encode, as the in-process path does: one stage, no
+    second process competing for the 2 cores and no extra hop through the object store."""
 
-    def __init__(self, tokenizer_path: str | None, max_tokens: int) -> None:
-        self.tokenizer_path = tokenizer_path
-        self.max_tokens = max_tokens
-
-    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        source = str(row["source"])
-        doc = PreparedSource(
-            source=source,
-            title=None,
-            body=read_body(Path(row["path"]), source, str(row["content_hash"])),
-            content_hash="",
-            fingerprint="",
-            permissions=[],
-            metadata={},
-        )
-        return chunk_rows(doc, token_counter(self.tokenizer_path), self.max_tokens)
-
-
-class _EmbedActor:
-    """Ray Data actor-pool callable: one embedder per actor, a batch of chunks per call."""
-
-    def __init__(self, settings_env: dict[str, str], threads: int) -> None:
+    def __init__(
+        self, settings_env: dict[str, str], threads: int, tokenizer_path: str | None, budget: int
+    ) -> None:
         from foundation.settings import load_settings
 
         os.environ.update(settings_env)
@@ -180,14 +163,39 @@ class _EmbedActor:
 
         torch.set_num_threads(threads)
         self.embedder = build_embedder(load_settings())
+        self.count_tokens = token_counter(tokenizer_path)
+        self.budget = budget
 
     def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        texts = [
-            embedding_input(str(s), str(t))
-            for s, t in zip(batch["section"], batch["text"], strict=True)
-        ]
-        batch["embedding"] = self.embedder.encode(texts)
-        return batch
+        rows: list[dict[str, Any]] = []
+        for source, path, content_hash in zip(
+            batch["source"], batch["path"], batch["content_hash"], strict=True
+        ):
+            body = read_body(Path(str(path)), str(source), str(content_hash))
+            doc = PreparedSource(str(source), None, body, "", "", [], {})
+            rows.extend(chunk_rows(doc, self.count_tokens, self.budget))
+        texts = [embedding_input(r["section"], r["text"]) for r in rows]
+        # text as object arrays: a fixed-width numpy string column pads every row to the longest
+        columns = {
+            key: np.array([r[key] for r in rows], dtype=object if key in TEXT_COLUMNS else None)
+            for key in CHUNK_COLUMNS
+        }
+        columns["embedding"] = self.embedder.encode(texts)
+        return columns
+
+
+CHUNK_COLUMNS = (
+    "source",
+    "n_chunks",
+    "id",
+    "ordinal",
+    "text",
+    "section",
+    "kind",
+    "token_count",
+    "oversized",
+)
+TEXT_COLUMNS = frozenset({"source", "id", "text", "section", "kind"})
 
 
 def _settings_env(settings: Settings) -> dict[str, str]:
@@ -239,8 +247,7 @@ def start_ray(settings: Settings) -> None:
 
 
 def _iter_ray(
-    items: list[dict[str, str]],
-    blocks: int,
+    work: RayWork,
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
@@ -255,20 +262,16 @@ def _iter_ray(
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
 
-    ds: Any = ray.data.from_items(items, override_num_blocks=blocks)
-    ds = ds.flat_map(
-        _ChunkStage,
-        fn_constructor_args=(tokenizer_path, options.max_tokens),
-        compute=ActorPoolStrategy(size=1),
-        num_cpus=0.25,
-    )
+    ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
     ds = ds.map_batches(
-        _EmbedActor,
+        _ChunkEmbedActor,
         fn_constructor_args=(
             _settings_env(settings),
             max(1, (os.cpu_count() or 1) // options.embed_actors),
+            tokenizer_path,
+            options.max_tokens,
         ),
-        batch_size=options.batch_size,
+        batch_size=work.docs_per_call,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=options.embed_actors),
         num_cpus=min(1.0, settings.ingest_cpus / (options.embed_actors + 1)),
@@ -277,18 +280,29 @@ def _iter_ray(
 
 
 BYTES_PER_READ_BLOCK = 4 * 1024 * 1024
+CHUNKS_PER_CALL = 128  # chunks an embedding actor chunks and encodes per call, on average
 
 
-def _read_items(docs: Sequence[PreparedSource]) -> tuple[list[dict[str, str]], int]:
-    """What the Ray pipeline reads (path and hash per document, never the text) and in how
-    many blocks: at least 8 (or one per document), more for a large corpus, so each block's
-    chunks stay a few MiB and the streaming executor can hold back reading while the
-    embedder catches up."""
-    items = [
-        {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
-    ]
-    corpus = sum(_size(d) for d in docs)
-    return items, max(1, min(len(docs), max(8, corpus // BYTES_PER_READ_BLOCK)))
+@dataclass(frozen=True)
+class RayWork:
+    """What the Ray pipeline reads (path and hash per document, never the text), in how many
+    blocks (at least 8, or one per document; more for a large corpus, so each block's chunks
+    stay a few MiB and the streaming executor can hold back reading while the embedder
+    catches up), and how many documents an actor takes per call."""
+
+    items: list[dict[str, str]]
+    blocks: int
+    docs_per_call: int
+
+    @classmethod
+    def of(cls, docs: Sequence[PreparedSource], chunks: int) -> RayWork:
+        items = [
+            {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
+        ]
+        corpus = sum(_size(d) for d in docs)
+        blocks = max(1, min(len(docs), max(8, corpus // BYTES_PER_READ_BLOCK)))
+        chunks_per_doc = max(1.0, chunks / max(1, len(docs)))
+        return cls(items, blocks, max(1, round(CHUNKS_PER_CALL / chunks_per_doc)))
 
 
 def _size(doc: PreparedSource) -> int:
@@ -321,6 +335,7 @@ class RayPipelineLost(RuntimeError):
 
 def _iter_ray_isolated(
     docs: Sequence[PreparedSource],
+    chunks: int,
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
@@ -331,10 +346,9 @@ def _iter_ray_isolated(
     store holds. The pipe is the backpressure: the child blocks while the writer lags."""
     context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
     receiver, sender = context.Pipe(duplex=False)
-    items, blocks = _read_items(docs)
     child = context.Process(
         target=_ray_child,
-        args=(items, blocks, settings, tokenizer_path, options, sender),
+        args=(RayWork.of(docs, chunks), settings, tokenizer_path, options, sender),
         name="ingest-ray",
         daemon=True,
     )
@@ -344,8 +358,7 @@ def _iter_ray_isolated(
 
 
 def _ray_child(
-    items: list[dict[str, str]],
-    blocks: int,
+    work: RayWork,
     settings: Settings,
     tokenizer_path: str | None,
     options: IngestOptions,
@@ -357,7 +370,7 @@ def _ray_child(
     sys.stdout = sys.stderr
     try:
         batch: list[dict[str, Any]] = []
-        for row in _iter_ray(items, blocks, settings, tokenizer_path, options):
+        for row in _iter_ray(work, settings, tokenizer_path, options):
             batch.append(row)
             if len(batch) >= ROWS_PER_MESSAGE:
                 sender.send(("rows", batch))
@@ -571,7 +584,7 @@ async def _run_ingest(
         report.executor = choose_executor(options.executor, chunks, settings)
         log.info("embedding %d chunks of %d documents (%s)", chunks, len(docs), report.executor)
         if report.executor == "ray":
-            iterator = _iter_ray_isolated(docs, settings, tokenizer_path, options)
+            iterator = _iter_ray_isolated(docs, chunks, settings, tokenizer_path, options)
         else:
             iterator = _iter_local(
                 docs, embedder or build_embedder(settings), tokenizer_path, options

@@ -55,7 +55,9 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
 
     monkeypatch.setattr(pipeline, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
-        pipeline._iter_ray([], 1, Settings(), None, pipeline.IngestOptions(roots=[]))
+        pipeline._iter_ray(
+            pipeline.RayWork([], 1, 1), Settings(), None, pipeline.IngestOptions(roots=[])
+        )
     assert started_on == [threading.current_thread()]
 
 
@@ -100,7 +102,7 @@ async def test_two_thousand_tiny_pages_on_the_ray_path_all_arrive_past_a_killed_
         event = json.loads(line)
         if event["event"] == "progress" and event["done"] > 0 and not killed:
             killed_at = event["done"]
-            killed = _processes(proc.pid, b"MapBatches(_EmbedActor)")
+            killed = _processes(proc.pid, b"MapBatches(_ChunkEmbedActor)")
             for worker in killed:
                 os.kill(worker, signal.SIGKILL)
         if event["event"] == "report":
