@@ -62,8 +62,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def build_corpus(dest: Path, name: str) -> list[tuple[Path, list[str]]]:
     """The roots of corpus ``name`` (see the module docstring), written under ``dest``."""
-    if name == "sample" or name.startswith("samplex"):
-        return copy_samples(dest, int(name.removeprefix("samplex") or "1"))
+    if name == "sample":
+        return copy_samples(dest, 1)
+    if name.startswith("samplex"):
+        return copy_samples(dest, int(name.removeprefix("samplex")))
     pages = int(name)
     root = dest / "pages"
     root.mkdir(parents=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from ray import serve
@@ -20,14 +21,20 @@ class RerankerDeployment:
     def __init__(self) -> None:
         settings = replica_settings("Reranker")
         self.reranker = build_reranker(settings)
+        self._batch_sizes: deque[int] = deque(maxlen=1000)
 
     def name(self) -> str:
         return self.reranker.name
+
+    def batch_sizes(self) -> list[int]:
+        """How many searches each recent cross-encoder call scored together."""
+        return list(self._batch_sizes)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _score_many(self, items: list[tuple[str, list[str]]]) -> list[list[float]]:
         # Several requests' (query, passage) pairs in one cross-encoder call.
         assert isinstance(self.reranker, CrossEncoderReranker)
+        self._batch_sizes.append(len(items))
         pairs = [(query, passage) for query, passages in items for passage in passages]
         flat = self.reranker.score_pairs(pairs)
         out: list[list[float]] = []

@@ -25,12 +25,13 @@ from tests.ingest_jobs.test_pipeline import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PAGES = 2000
+NODE_KILL_PAGES = 600  # enough to be mid-run at the first written document, cheaper to redo
 
 
-def _tiny_pages(tmp_path: Path, line: str) -> Path:
+def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
     root = tmp_path / "tiny"
     root.mkdir()
-    for n in range(TINY_PAGES):
+    for n in range(pages):
         (root / f"page-{n:04d}.md").write_text(f"{line} {n}\n", encoding="utf-8")
     return root
 
@@ -272,7 +273,7 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
 
     from foundation.database import asyncpg_url
 
-    root = _tiny_pages(tmp_path, "door count note")
+    root = _tiny_pages(tmp_path, "door count note", NODE_KILL_PAGES)
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
     command = _ray_ingest(root, "--json-lines")
     proc = await asyncio.create_subprocess_exec(
@@ -292,8 +293,8 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
             report = event
     err = (await proc.stderr.read()).decode()
     assert await proc.wait() == 1 and killed, err[-2000:]
-    assert report["failed"] is True and 0 < report["new"] < TINY_PAGES
-    assert len(report["not_ingested"]) == TINY_PAGES - report["new"]
+    assert report["failed"] is True and 0 < report["new"] < NODE_KILL_PAGES
+    assert len(report["not_ingested"]) == NODE_KILL_PAGES - report["new"]
     assert "ingestion failed (ray): RayPipelineLost" in err
     assert f"{report['new']} document(s) written whole" in err
     conn = await asyncpg.connect(asyncpg_url(db_url))
@@ -313,9 +314,9 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
     )
     assert again.returncode == 0, again.stderr[-3000:]
     finished = json.loads(again.stdout)
-    assert (finished["new"], finished["unchanged"]) == (TINY_PAGES - stored, stored)
+    assert (finished["new"], finished["unchanged"]) == (NODE_KILL_PAGES - stored, stored)
     after = await snapshot(db_url)
-    assert len(after["documents"]) == len(after["chunks"]) == TINY_PAGES
+    assert len(after["documents"]) == len(after["chunks"]) == NODE_KILL_PAGES
     # the store equals a clean ingest of the same pages (documents, chunks, ACLs)
     conn = await asyncpg.connect(asyncpg_url(db_url))
     try:
