@@ -45,8 +45,8 @@ from ingest_jobs.pipeline import (
     choose_executor,
     effective_max_tokens,
     run_ingest,
-    start_ray,
 )
+from ingest_jobs.ray_executor import start_ray
 from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
 from retrieval.embedders import (
     Embedder,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from foundation.settings import Settings
-from ingest_jobs import pipeline
+from ingest_jobs import pipeline, ray_executor
 from ingest_jobs.sources import PreparedSource, chunk_id, chunk_rows, token_counter
 from retrieval.search import embedding_input
 from tests.ingest_jobs.test_pipeline import snapshot
@@ -54,11 +54,9 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
         started_on.append(threading.current_thread())
         raise Stop
 
-    monkeypatch.setattr(pipeline, "start_ray", fake_start)
+    monkeypatch.setattr(ray_executor, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
-        pipeline._iter_ray(
-            pipeline.RayWork([], 1, 1), Settings(), None, pipeline.IngestOptions(roots=[])
-        )
+        ray_executor.iter_ray(ray_executor.RayWork([], 1, 1, 200, 1), Settings(), None)
     assert started_on == [threading.current_thread()]
 
 

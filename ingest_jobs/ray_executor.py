@@ -1,0 +1,277 @@
+"""The Ray Data executor of the ingestion job.
+
+One actor stage reads, chunks and embeds a batch of documents (the driver sends paths and
+hashes, never the text, so the corpus streams through the object store), in a child process
+that sends its rows to the writer over a pipe: a Ray node that dies ends only that child, and
+the run fails with its counts (:class:`RayPipelineLost`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foundation.settings import Settings
+from ingest_jobs.sources import PreparedSource, chunk_rows, read_body, token_counter
+from retrieval.embedders import build_embedder
+from retrieval.search import embedding_input
+
+
+class _ChunkEmbedActor:
+    """Ray Data actor-pool callable: a batch of documents (path and hash each) -> their
+    embedded chunk rows. The worker reads each file itself, so the corpus streams through the
+    object store, and chunks it beside the encode, as the in-process path does: one stage, no
+    second process competing for the 2 cores and no extra hop through the object store."""
+
+    def __init__(
+        self, settings_env: dict[str, str], threads: int, tokenizer_path: str | None, budget: int
+    ) -> None:
+        from foundation.settings import load_settings
+
+        os.environ.update(settings_env)
+        # Ray sets OMP_NUM_THREADS to the actor's CPU request (1), which halves torch's encode
+        # rate on 2 cores; the actors share the machine's cores between them instead.
+        import torch
+
+        torch.set_num_threads(threads)
+        self.embedder = build_embedder(load_settings())
+        self.count_tokens = token_counter(tokenizer_path)
+        self.budget = budget
+
+    def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        rows: list[dict[str, Any]] = []
+        for source, path, content_hash in zip(
+            batch["source"], batch["path"], batch["content_hash"], strict=True
+        ):
+            body = read_body(Path(str(path)), str(source), str(content_hash))
+            doc = PreparedSource(str(source), None, body, "", "", [], {})
+            rows.extend(chunk_rows(doc, self.count_tokens, self.budget))
+        texts = [embedding_input(r["section"], r["text"]) for r in rows]
+        # text as object arrays: a fixed-width numpy string column pads every row to the longest
+        columns = {
+            key: np.array([r[key] for r in rows], dtype=object if key in TEXT_COLUMNS else None)
+            for key in CHUNK_COLUMNS
+        }
+        columns["embedding"] = self.embedder.encode(texts)
+        return columns
+
+
+CHUNK_COLUMNS = (
+    "source",
+    "n_chunks",
+    "id",
+    "ordinal",
+    "text",
+    "section",
+    "kind",
+    "token_count",
+    "oversized",
+)
+TEXT_COLUMNS = frozenset({"source", "id", "text", "section", "kind"})
+
+
+def _settings_env(settings: Settings) -> dict[str, str]:
+    """The embedder's settings as environment variables, for Ray workers."""
+    env = {
+        "EMBEDDING_BACKEND": settings.embedding_backend,
+        "EMBEDDING_MODEL": settings.embedding_model,
+        "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
+        "EMBEDDING_BATCH_SIZE": str(settings.embedding_batch_size),
+        "EMBEDDING_DTYPE": settings.embedding_dtype,
+        "LLM_BASE_URL": settings.llm_base_url,
+        "HF_HUB_OFFLINE": "1",
+    }
+    if settings.embedding_base_url:
+        env["EMBEDDING_BASE_URL"] = settings.embedding_base_url
+    if settings.llm_api_key:
+        env["LLM_API_KEY"] = settings.llm_api_key.get_secret_value()
+    return env
+
+
+def start_ray(settings: Settings) -> None:
+    """Join ``RAY_ADDRESS`` or start a private local Ray, on the CALLING thread.
+
+    Ray's local processes (raylet, GCS) die with the thread that started them: it forks them
+    with ``PR_SET_PDEATHSIG=SIGKILL``, which Linux fires when the creating *thread* exits.
+    Started from the row feed's thread, they were killed the moment the last row had been
+    fetched, and the driver with them (exit 1, nothing printed, the rest of the documents
+    never written: 732 of 974 tiny pages)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    # On 2 cores the default CPU requests deadlock (a stage waits for a CPU held by the actor
+    # pool): give the local Ray logical CPUs that fit the fractional asks. address="local": a
+    # private Ray for this run, never a stale cluster named in /tmp/ray/ray_current_cluster.
+    # On a cluster, `ray job submit` sets RAY_ADDRESS.
+    ray.init(
+        address="local",
+        num_cpus=settings.ingest_cpus,
+        object_store_memory=settings.ingest_object_store_mb * 1024 * 1024,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
+def iter_ray(
+    work: RayWork,
+    settings: Settings,
+    tokenizer_path: str | None,
+) -> Iterator[dict[str, Any]]:
+    """The chunk rows of ``docs`` from the Ray Data pipeline. Ray is started here, on the
+    caller's thread (``start_ray``); the rows may then be drained on any thread."""
+    import ray.data
+    from ray.data import ActorPoolStrategy, DataContext
+
+    start_ray(settings)
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.verbose_progress = False
+
+    ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
+    ds = ds.map_batches(
+        _ChunkEmbedActor,
+        fn_constructor_args=(
+            _settings_env(settings),
+            max(1, (os.cpu_count() or 1) // work.embed_actors),
+            tokenizer_path,
+            work.max_tokens,
+        ),
+        batch_size=work.docs_per_call,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=work.embed_actors),
+        num_cpus=min(1.0, settings.ingest_cpus / (work.embed_actors + 1)),
+    )
+    return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
+
+
+BYTES_PER_READ_BLOCK = 4 * 1024 * 1024
+CHUNKS_PER_CALL = 128  # chunks an embedding actor chunks and encodes per call, on average
+
+
+@dataclass(frozen=True)
+class RayWork:
+    """What the Ray pipeline reads (path and hash per document, never the text), in how many
+    blocks (at least 8, or one per document; more for a large corpus, so each block's chunks
+    stay a few MiB and the streaming executor can hold back reading while the embedder
+    catches up), and how many documents an actor takes per call."""
+
+    items: list[dict[str, str]]
+    blocks: int
+    docs_per_call: int
+    max_tokens: int  # the chunk budget
+    embed_actors: int
+
+    @classmethod
+    def of(
+        cls, docs: Sequence[PreparedSource], chunks: int, max_tokens: int, embed_actors: int
+    ) -> RayWork:
+        items = [
+            {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
+        ]
+        corpus = sum(_size(d) for d in docs)
+        blocks = max(1, min(len(docs), max(8, corpus // BYTES_PER_READ_BLOCK)))
+        chunks_per_doc = max(1.0, chunks / max(1, len(docs)))
+        per_call = max(1, round(CHUNKS_PER_CALL / chunks_per_doc))
+        return cls(items, blocks, per_call, max_tokens, embed_actors)
+
+
+def _size(doc: PreparedSource) -> int:
+    try:
+        return doc.path.stat().st_size if doc.path else len(doc.body)
+    except OSError:
+        return 0  # gone since it was hashed: its read fails the run with a clear message
+
+
+ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once
+
+
+class RayPipelineLost(RuntimeError):
+    """The process running the Ray pipeline ended before its last row (its Ray node died:
+    Ray then ends the process itself, where no Python handler runs)."""
+
+    def __init__(self, exit_code: int | None) -> None:
+        super().__init__(
+            f"the Ray pipeline's process ended (exit code {exit_code}) before all rows "
+            "arrived; Ray's own logs are under /tmp/ray/session_latest/logs"
+        )
+
+
+def iter_ray_isolated(
+    work: RayWork, settings: Settings, tokenizer_path: str | None
+) -> Iterator[dict[str, Any]]:
+    """``iter_ray`` in a child process that sends its rows over a pipe. A Ray node that
+    dies takes down the driver connected to it with a bare ``exit(1)``; here that is the
+    child, and this process, which writes the documents, reports what failed and what the
+    store holds. The pipe is the backpressure: the child blocks while the writer lags."""
+    context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_ray_child,
+        args=(work, settings, tokenizer_path, sender),
+        name="ingest-ray",
+        daemon=True,
+    )
+    child.start()
+    sender.close()
+    return _child_rows(child, receiver)
+
+
+def _ray_child(
+    work: RayWork,
+    settings: Settings,
+    tokenizer_path: str | None,
+    sender: Connection,
+) -> None:
+    # The rows go over the pipe; anything Ray prints (a dying node's last words) goes to
+    # stderr, so the parent's stdout stays its report (``--json``, ``--json-lines``).
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        batch: list[dict[str, Any]] = []
+        for row in iter_ray(work, settings, tokenizer_path):
+            batch.append(row)
+            if len(batch) >= ROWS_PER_MESSAGE:
+                sender.send(("rows", batch))
+                batch = []
+        sender.send(("rows", batch))
+        sender.send(("done", None))
+    except BaseException as exc:  # reported to the writer, which fails loudly with counts
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+def _child_rows(child: BaseProcess, receiver: Connection) -> Iterator[dict[str, Any]]:
+    try:
+        while True:
+            try:
+                kind, payload = receiver.recv()
+            except EOFError:
+                child.join(timeout=10)
+                raise RayPipelineLost(child.exitcode) from None
+            if kind == "rows":
+                yield from payload
+            elif kind == "error":
+                raise RuntimeError(payload)
+            else:
+                return
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.terminate()
+        child.join(timeout=10)
