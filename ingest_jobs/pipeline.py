@@ -140,8 +140,7 @@ def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
 
 def _text(doc: PreparedSource) -> str:
     """A pending document's text: dropped once counted, read again (and checked) here."""
-    if doc.body or doc.path is None:
-        return doc.body
+    assert doc.path is not None, "pending documents are prepared from files"
     return read_body(doc.path, doc.source, doc.content_hash)
 
 
@@ -281,7 +280,7 @@ async def _run_ingest(
     # (the executors read each file again, and check it is the one hashed here).
     pending: dict[str, PreparedSource] = {}
     empty: list[PreparedSource] = []  # no chunks (an empty page): never reach the executors
-    chunks = 0
+    chunks = text_chars = 0
     for file in files:
         prepared = prepare(file, embedder_name=embedder_name, max_tokens=options.max_tokens)
         if isinstance(prepared, SkippedSource):
@@ -295,6 +294,7 @@ async def _run_ingest(
             continue
         rows = chunk_rows(prepared, counter, options.max_tokens) if prepared.body.strip() else []
         chunks += len(rows)
+        text_chars += len(prepared.body)
         light = dataclasses.replace(prepared, body="")
         if rows:
             pending[prepared.source] = light
@@ -325,7 +325,7 @@ async def _run_ingest(
         report.executor = choose_executor(options.executor, chunks, settings)
         log.info("embedding %d chunks of %d documents (%s)", chunks, len(docs), report.executor)
         if report.executor == "ray":
-            work = RayWork.of(docs, chunks, options.max_tokens, options.embed_actors)
+            work = RayWork.of(docs, chunks, text_chars, options.max_tokens, options.embed_actors)
             iterator = iter_ray_isolated(work, settings, tokenizer_path)
         else:
             iterator = _iter_local(

@@ -132,8 +132,8 @@ def iter_ray(
     settings: Settings,
     tokenizer_path: str | None,
 ) -> Iterator[dict[str, Any]]:
-    """The chunk rows of ``docs`` from the Ray Data pipeline. Ray is started here, on the
-    caller's thread (``start_ray``); the rows may then be drained on any thread."""
+    """The embedded chunk rows of ``work`` from the Ray Data pipeline. Ray is started here, on
+    the caller's thread (``start_ray``); the rows may then be drained on any thread."""
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -159,7 +159,7 @@ def iter_ray(
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 
 
-BYTES_PER_READ_BLOCK = 4 * 1024 * 1024
+TEXT_PER_READ_BLOCK = 4 * 1024 * 1024  # characters of page text per block
 CHUNKS_PER_CALL = 128  # chunks an embedding actor chunks and encodes per call, on average
 
 
@@ -178,23 +178,21 @@ class RayWork:
 
     @classmethod
     def of(
-        cls, docs: Sequence[PreparedSource], chunks: int, max_tokens: int, embed_actors: int
+        cls,
+        docs: Sequence[PreparedSource],
+        chunks: int,
+        text_chars: int,
+        max_tokens: int,
+        embed_actors: int,
     ) -> RayWork:
+        """``chunks`` and ``text_chars``: the totals the driver counted while hashing."""
         items = [
             {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
         ]
-        corpus = sum(_size(d) for d in docs)
-        blocks = max(1, min(len(docs), max(8, corpus // BYTES_PER_READ_BLOCK)))
+        blocks = max(1, min(len(docs), max(8, text_chars // TEXT_PER_READ_BLOCK)))
         chunks_per_doc = max(1.0, chunks / max(1, len(docs)))
         per_call = max(1, round(CHUNKS_PER_CALL / chunks_per_doc))
         return cls(items, blocks, per_call, max_tokens, embed_actors)
-
-
-def _size(doc: PreparedSource) -> int:
-    try:
-        return doc.path.stat().st_size if doc.path else len(doc.body)
-    except OSError:
-        return 0  # gone since it was hashed: its read fails the run with a clear message
 
 
 ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once
