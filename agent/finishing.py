@@ -32,10 +32,12 @@ def _repair_note(missing: list[str]) -> str:
 
 
 class Finisher:
-    """Ends runs for one agent; ``llm`` is the agent's traced model (for the repair call)."""
+    """Ends runs for one agent; ``llm`` is the agent's traced model (for the repair call,
+    made only when ``repair``: else an ungrounded answer becomes IDK at once)."""
 
-    def __init__(self, llm: InstrumentedLLM) -> None:
+    def __init__(self, llm: InstrumentedLLM, *, repair: bool = True) -> None:
         self.traced_llm = llm
+        self.repair = repair
 
     async def finish(
         self,
@@ -117,7 +119,9 @@ class Finisher:
         if not missing:
             return checked
         run.ungrounded.extend(missing)
-        repaired = await self._repair(run, checked.answer, missing, request, trace, hop + 1)
+        repaired = None
+        if self.repair:
+            repaired = await self._repair(run, checked.answer, missing, request, trace, hop + 1)
         if repaired is not None:
             still = ungrounded(repaired.answer, evidence)
             if not still:

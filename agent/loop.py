@@ -110,6 +110,10 @@ class AgentConfig:
     # Where the plan settles the answer (a live-data measurement, a not-found, a greeting),
     # the service writes it from the tool results instead of calling the model (agent.composing).
     compose_answers: bool = True
+    # An ungrounded answer gets one repair call (True) or becomes IDK at once (False).
+    # None: no repair where the loop plans first (small models did not repair; see
+    # GROUNDING_REPAIR), a repair elsewhere.
+    repair_ungrounded: bool | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # between ``waiting`` events
 
 
@@ -151,7 +155,10 @@ class Agent:
                 max_output_tokens=self.config.max_output_tokens,
             )
         )
-        self.finisher = Finisher(self.traced_llm)
+        repair = self.config.repair_ungrounded
+        self.finisher = Finisher(
+            self.traced_llm, repair=not self.plans_first if repair is None else repair
+        )
 
     # --- public API ---------------------------------------------------------------------------
 

@@ -53,6 +53,8 @@ from agent.routing import (
     coverage,
     doc_tokens,
     is_greeting,
+    live_words,
+    product_words,
 )
 from agent.routing import route as decide_route
 from agent.run_state import Run, tool_trace
@@ -248,6 +250,8 @@ class Planner:
             doc_coverage=best_coverage(question, texts),
             doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
             building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
+            product_words=product_words(question),
+            live_words=live_words(question),
         )
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
@@ -282,12 +286,8 @@ class Planner:
             return None
         if decision.route == "greeting":
             return compose_greeting(question)
-        if (
-            decision.route == "documentation"
-            and signals.doc_tokens
-            and not (signals.doc_tokens_found)
-        ):
-            return IDK_MARKER  # the caller's documentation does not hold what it names
+        if decision.idk:
+            return IDK_MARKER  # the caller's documentation does not hold what it asks
         if decision.route != "live_data":
             return None
         return compose_live(

@@ -26,6 +26,12 @@ The rules, and why:
   off-topic requests ("translate 'the meeting room is full'") cover a few words by chance.
 * Named or typed entities make it live data; with a documented token (found or not: the
   documentation's silence is an answer too), both.
+* A question in the product's own vocabulary (``product_words``: accounts, seats, gateways,
+  webhooks, the app...) that asks for no live reading (``live_words``) but that nothing the
+  caller may read matches is documentation the caller cannot see: the search is shown and
+  the answer is "I don't know", never a decline (the page may exist and be restricted; the
+  two must read the same) and never the small model's guess from weak chunks (it answered
+  "switch to dark mode under Settings > Appearance" from a page on themes of alerts).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ __all__ = [
     "coverage",
     "doc_tokens",
     "is_greeting",
+    "live_words",
+    "product_words",
     "route",
 ]
 
@@ -73,6 +81,24 @@ _STOPWORDS = frozenset(
 )
 
 
+# The product's own nouns, for questions about CrowdVision that need no live reading. Not
+# "building" or "room": "Who designed the Empire State Building?" and "Translate 'the
+# meeting room is full'" are off-topic rows of the golden set.
+_PRODUCT_VOCABULARY = (
+    "crowdvision dashboard app gateway webhook alert notification export api token key "
+    "account user seat billing invoice subscription role admin viewer permission domain "
+    "tenant setting configuration login password sso firmware integration"
+)
+# Words that ask for a live reading or a measurement: such a question goes to the live-data
+# tools ("Which sensors are offline?"), not to the documentation.
+_LIVE_VOCABULARY = (
+    "people person busy busier busiest crowded occupancy occupied full fullest empty "
+    "emptiest quiet quietest reading temperature co2 humidity current currently now today "
+    "offline online reporting history trend level warm cold hot right"
+)
+_QUOTED = re.compile(r"(?<!\w)(?:'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”)(?!\w)")
+
+
 def is_greeting(question: str) -> bool:
     """A short hello, thanks or "what can you do" (no tool needed)."""
     return len(question.split()) <= 12 and bool(_GREETING.search(question))
@@ -90,12 +116,32 @@ def content_words(text: str) -> set[str]:
     return {_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS}
 
 
+def _unquoted(question: str) -> str:
+    """The question without quoted text: "translate 'the meeting room is full'" is about
+    translating, not about a room."""
+    return _QUOTED.sub(" ", question)
+
+
+def product_words(question: str) -> bool:
+    """The question names something of the product (an account, a gateway, the app...)."""
+    return bool(content_words(_unquoted(question)) & _PRODUCT_WORDS)
+
+
+def live_words(question: str) -> bool:
+    """The question asks for a live reading or measurement (people, now, offline...)."""
+    return bool(content_words(_unquoted(question)) & _LIVE_WORDS)
+
+
 def coverage(question: str, text: str) -> float:
     """The share of the question's content words that ``text`` contains (0 for none)."""
     wanted = content_words(question)
     if not wanted:
         return 0.0
     return len(wanted & content_words(text)) / len(wanted)
+
+
+_PRODUCT_WORDS = content_words(_PRODUCT_VOCABULARY)
+_LIVE_WORDS = content_words(_LIVE_VOCABULARY)
 
 
 @dataclass(frozen=True)
@@ -109,6 +155,8 @@ class RouteSignals:
     doc_tokens: bool = False  # the question names a documented-looking token at all
     doc_coverage: float = 0.0  # best chunk's coverage of the question's content words
     doc_similarity: float = 0.0  # cosine of the question and the closest retrieved chunk
+    product_words: bool = False  # the question names something of the product
+    live_words: bool = False  # the question asks for a live reading
 
 
 @dataclass(frozen=True)
@@ -116,6 +164,10 @@ class RouteDecision:
     route: Route
     allow_refusal: bool
     why: str
+    # The documentation the caller may read does not hold what the question asks: the
+    # search is shown and the answer is "I don't know" (no model call where answers are
+    # composed).
+    idk: bool = False
 
     @property
     def wants_docs(self) -> bool:
@@ -142,7 +194,7 @@ def route(signals: RouteSignals) -> RouteDecision:
         return RouteDecision("documentation", False, "a documented token the search found")
     if signals.doc_tokens:
         why = "a documented token the caller's search does not find"
-        return RouteDecision("documentation", False, why)
+        return RouteDecision("documentation", False, why, idk=True)
     if signals.greeting:
         return RouteDecision("greeting", True, "a greeting")
     if signals.doc_similarity >= DOC_SIMILARITY:
@@ -151,11 +203,11 @@ def route(signals: RouteSignals) -> RouteDecision:
     if docs:
         why = f"documentation covers {signals.doc_coverage:.0%} of the question"
         return RouteDecision("documentation", True, why)
-    why = (
-        f"no routing signal: cosine {signals.doc_similarity:.2f}, "
-        f"coverage {signals.doc_coverage:.0%}"
-    )
-    return RouteDecision("open", True, why)
+    scores = f"cosine {signals.doc_similarity:.2f}, coverage {signals.doc_coverage:.0%}"
+    if signals.product_words and not signals.live_words:
+        why = f"about the product, but the caller's documentation matches weakly: {scores}"
+        return RouteDecision("documentation", False, why, idk=True)
+    return RouteDecision("open", True, f"no routing signal: {scores}")
 
 
 def best_coverage(question: str, texts: Sequence[str]) -> float:

@@ -130,6 +130,9 @@ def agent_config(settings: Settings) -> AgentConfig:
         provider_url=settings.llm_base_url,
         plan_first=None if settings.plan_first == "auto" else settings.plan_first == "on",
         compose_answers=settings.compose_answers,
+        repair_ungrounded=(
+            None if settings.grounding_repair == "auto" else settings.grounding_repair == "on"
+        ),
         heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
 

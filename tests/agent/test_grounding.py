@@ -353,6 +353,27 @@ async def test_invented_twice_after_a_failed_tool_becomes_idk(
 
 
 @pytest.mark.usefixtures("no_sockets")
+@pytest.mark.parametrize(
+    ("overrides", "repaired"),
+    [
+        ({"plan_first": "on"}, False),  # auto: the small-model path answers IDK at once
+        ({"plan_first": "on", "grounding_repair": "on"}, True),
+        ({"grounding_repair": "off"}, False),
+    ],
+)
+async def test_grounding_repair_setting(
+    overrides: dict[str, str], repaired: bool, make_local_agent: Any
+) -> None:
+    model = scripted("json_schema", GET_ROOM, Say(INVENTED), *([Say(GROUNDED)] if repaired else []))
+    answer = await make_local_agent(model, compose_answers=False, **overrides).answer(
+        QUESTION, NORTHWIND_STAFF
+    )
+    assert answer.answer == (GROUNDED if repaired else IDK_MARKER)
+    assert answer.retrieval.ungrounded == ["30 people", "23.5 °C"]
+    model.assert_exhausted()  # no repair call where it is off
+
+
+@pytest.mark.usefixtures("no_sockets")
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_repair_that_says_idk_is_the_idk_answer(mode: Mode, make_local_agent: Any) -> None:
     model = scripted(mode, GET_ROOM, Say(INVENTED), Say(IDK_MARKER))

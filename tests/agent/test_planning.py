@@ -449,6 +449,35 @@ async def test_a_token_the_callers_search_does_not_find_is_answered_idk_after_th
     assert any("does not find" in note for note in answer.notes)
 
 
+async def test_a_product_question_the_callers_documentation_does_not_answer_is_idk(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    """A restricted or missing page about the product: the search is shown, the answer is
+    IDK without a model call (never a decline, never a guess from weak chunks)."""
+    retriever.hits = [
+        dataclasses.replace(hit("c-theme", "Alert colours follow the theme."), similarity=0.45)
+    ]
+    model = ScriptedModel()
+    answer = await make_local_agent(model, plan_first="on").answer(
+        "Can I switch the CrowdVision web app to dark mode?", ACME_STAFF
+    )
+    assert [c.name for c in answer.tool_calls] == ["search_docs"]
+    assert answer.decision == "idk" and answer.citations == [] and model.requests == []
+    assert any(n.startswith("route: documentation (about the product") for n in answer.notes)
+
+
+async def test_an_off_topic_question_stays_with_the_model_which_may_decline(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    retriever.hits = [dataclasses.replace(hit("c-x", "Rooms and floors."), similarity=0.3)]
+    model = json_model(text_reply("I can only help with CrowdVision."))
+    answer = await planned(make_local_agent, model).answer(
+        "How do I share my screen in a Zoom meeting?", ACME_STAFF
+    )
+    assert has_decline(model.requests[0]) and answer.tool_calls == []
+    assert any(n.startswith("route: open") for n in answer.notes)
+
+
 def test_a_snippet_keeps_the_matching_sentences_before_the_lines_that_follow_them() -> None:
     text = (
         "Each rule has a cooldown. After a rule sends a notification for a room, it will not "

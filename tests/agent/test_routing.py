@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,15 @@ import pytest
 from agent.entities import KnownEntities, NamedEntity, ids_in_text, match_names, named_entities
 from agent.llm.base import ToolSpec
 from agent.llm.json_schema_mode import constrain_arguments, step_schema
-from agent.routing import RouteSignals, coverage, doc_tokens, is_greeting, route
+from agent.routing import (
+    RouteSignals,
+    coverage,
+    doc_tokens,
+    is_greeting,
+    live_words,
+    product_words,
+    route,
+)
 
 
 @pytest.mark.parametrize(
@@ -71,6 +80,40 @@ def test_routes() -> None:
     assert close.route == "documentation" and not close.allow_refusal
     assert route(RouteSignals(doc_coverage=0.3, doc_similarity=0.48)).route == "open"
     assert route(RouteSignals(entities=1, doc_similarity=0.9)).route == "live_data"
+
+
+def test_a_product_question_the_callers_documentation_matches_weakly_is_idk_not_open() -> None:
+    weak = RouteSignals(doc_coverage=0.25, doc_similarity=0.41, product_words=True)
+    decision = route(weak)
+    assert (decision.route, decision.allow_refusal, decision.idk) == ("documentation", False, True)
+    # asking for a live reading: the live tools may answer it, so the model decides
+    live = dataclasses.replace(weak, live_words=True)
+    assert route(live).route == "open" and not route(live).idk
+    # a documented token nobody finds is IDK too; a found one or a close chunk is not
+    assert route(RouteSignals(doc_tokens=True)).idk
+    assert not route(RouteSignals(doc_tokens_found=True)).idk
+    assert not route(dataclasses.replace(weak, doc_similarity=0.6)).idk
+
+
+@pytest.mark.parametrize(
+    ("question", "product", "live"),
+    [
+        ("Can I switch the CrowdVision web app to dark mode?", True, False),
+        ("How many free viewer accounts do we get with our seats?", True, False),
+        ("How often are the signing keys of the claims gateway rotated?", True, False),
+        ("Which sensors are offline?", False, True),
+        ("How many people are in the Riverside Mall right now?", False, True),
+        # off-topic rows of the golden set: none of the product's nouns
+        ("Who designed the Empire State Building?", False, False),
+        ("How do I share my screen in a Zoom meeting?", False, False),
+        # quoted text is what to work on, not the topic; an apostrophe is not a quote
+        ("Translate 'the meeting room is full' into German.", False, False),
+        ("Translate 'reset the user password' into German.", False, False),
+        ("What's the user's role?", True, False),
+    ],
+)
+def test_product_and_live_words(question: str, product: bool, live: bool) -> None:
+    assert (product_words(question), live_words(question)) == (product, live)
 
 
 def test_signals() -> None:
