@@ -21,10 +21,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from opentelemetry import context as otel_context
@@ -93,6 +93,10 @@ class IngestOptions:
 ProgressCallback = Callable[[str, int, int], None]  # (event, done, total)
 
 NOT_INGESTED_SHOWN = 5  # sources a failure message names (the report lists them all)
+# Finished documents written in one transaction at most (whole documents only; a batch is
+# written as soon as the writer has caught up with the embedder, full or not).
+WRITE_BATCH_DOCUMENTS = 64
+WRITE_BATCH_CHUNKS = 512
 
 
 class IngestFailed(RuntimeError):
@@ -187,6 +191,10 @@ class _RowFeed:
         finally:
             self._queue.put(self._DONE)
 
+    def idle(self) -> bool:
+        """No row is waiting: the writer has caught up with the embedder."""
+        return self._queue.empty()
+
     async def rows(self) -> AsyncIterator[dict[str, Any]]:
         while True:
             item = await asyncio.to_thread(self._queue.get)
@@ -196,6 +204,70 @@ class _RowFeed:
                 raise item
             assert isinstance(item, dict)
             yield item
+
+
+def _full(batch: Sequence[tuple[PreparedSource, list[dict[str, Any]]]]) -> bool:
+    """A write batch at its size limit (documents or chunks)."""
+    chunks = sum(len(rows) for _, rows in batch)
+    return len(batch) >= WRITE_BATCH_DOCUMENTS or chunks >= WRITE_BATCH_CHUNKS
+
+
+Batch = list[tuple[PreparedSource, list[dict[str, Any]]]]
+
+
+class RowSource(Protocol):
+    """What ``collect_documents`` reads: embedded rows, and whether none is waiting right now."""
+
+    def idle(self) -> bool: ...
+
+    def rows(self) -> AsyncIterator[dict[str, Any]]: ...
+
+
+async def collect_documents(
+    feed: RowSource,
+    pending: dict[str, PreparedSource],
+    write: Callable[[Batch], Awaitable[None]],
+) -> None:
+    """Rows in, whole documents out: a document is finished once all its chunks arrived
+    (keyed by ordinal: a Ray task retried after its worker died may repeat rows). Finished
+    documents wait while more rows are ready and are written together once the writer has
+    caught up with the embedder (or the batch is full): one commit per embedder batch, not
+    one per page. A document leaves ``pending`` once its batch committed; when the pipeline
+    fails, what it finished is written before the failure is raised."""
+    rows_by_source: dict[str, dict[int, dict[str, Any]]] = {}
+    ready: Batch = []
+    finished: set[str] = set()  # in ``ready`` or written
+
+    async def flush() -> None:
+        await write(ready)
+        for doc, _ in ready:
+            del pending[doc.source]
+        ready.clear()
+
+    failure: Exception | None = None
+    rows = feed.rows()
+    while True:
+        try:
+            item = await anext(rows)
+        except StopAsyncIteration:
+            break
+        except Exception as exc:
+            failure = exc
+            break
+        source = str(item["source"])
+        if source in finished or source not in pending:
+            continue  # a repeat of a document already finished
+        bucket = rows_by_source.setdefault(source, {})
+        bucket[int(item["ordinal"])] = item
+        if len(bucket) == int(item["n_chunks"]):
+            ready.append((pending[source], list(rows_by_source.pop(source).values())))
+            finished.add(source)
+            if feed.idle() or _full(ready):
+                await flush()
+    if ready:
+        await flush()
+    if failure is not None:
+        raise failure
 
 
 def _record(doc: PreparedSource, rows: list[dict[str, Any]]) -> DocumentRecord:
@@ -304,21 +376,28 @@ async def _run_ingest(
     total = len(pending) + len(empty)
     notify("start", 0, total)
 
-    async def write(doc: PreparedSource, rows: list[dict[str, Any]]) -> None:
+    async def write(batch: Batch) -> None:
+        """Whole documents, in one transaction (``DocumentStore.write_documents``)."""
+        records = [_record(doc, rows) for doc, rows in batch]
+        n_chunks = sum(len(record.chunks) for record in records)
         with tracer().start_as_current_span(
-            "ingest.write", attributes={"ingest.source": doc.source, "ingest.chunks": len(rows)}
+            "ingest.write",
+            attributes={
+                "ingest.documents": len(records),
+                "ingest.chunks": n_chunks,
+                "ingest.source": records[0].source,
+            },
         ) as span:
-            outcome = await store.write_document(_record(doc, rows))
-            span.set_attribute("ingest.outcome", outcome)
-        if outcome == "new":
-            report.new += 1
-        else:
-            report.replaced += 1
-        report.chunks_written += len(rows)
+            outcomes = await store.write_documents(records)
+            span.set_attribute("ingest.new", outcomes.count("new"))
+            span.set_attribute("ingest.replaced", outcomes.count("replaced"))
+        report.new += outcomes.count("new")
+        report.replaced += outcomes.count("replaced")
+        report.chunks_written += n_chunks
         notify("document", report.new + report.replaced, total)
 
-    for doc in empty:
-        await write(doc, [])
+    for start in range(0, len(empty), WRITE_BATCH_DOCUMENTS):
+        await write([(doc, []) for doc in empty[start : start + WRITE_BATCH_DOCUMENTS]])
 
     if pending:
         docs = list(pending.values())
@@ -331,8 +410,6 @@ async def _run_ingest(
             iterator = _iter_local(
                 docs, embedder or build_embedder(settings), tokenizer_path, options
             )
-        # keyed by ordinal: a Ray task retried after its worker died may repeat rows
-        rows_by_source: dict[str, dict[int, dict[str, Any]]] = {}
         embed_span = tracer().start_span(
             "ingest.embed",
             attributes={
@@ -343,14 +420,7 @@ async def _run_ingest(
             },
         )
         try:
-            async for item in _RowFeed(iterator).rows():
-                source = str(item["source"])
-                if source not in pending:
-                    continue  # a repeat of a document already written
-                bucket = rows_by_source.setdefault(source, {})
-                bucket[int(item["ordinal"])] = item
-                if len(bucket) == int(item["n_chunks"]):
-                    await write(pending.pop(source), list(rows_by_source.pop(source).values()))
+            await collect_documents(_RowFeed(iterator), pending, write)
             if pending:
                 raise RuntimeError("the pipeline ended without some documents' chunks")
         except Exception as exc:

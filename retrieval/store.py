@@ -1,8 +1,8 @@
 """The ``DocumentStore`` port and its PostgreSQL + pgvector adapter.
 
-Writes: one document (row + all its chunks, COPY) per transaction, replacing the previous
-version of the same source in that transaction, so a reader never sees half a document and a
-crash leaves no half-written one.
+Writes: whole documents (rows + all their chunks, one COPY) per transaction, each replacing
+the previous version of the same source in that transaction, so a reader never sees half a
+document and a crash leaves no half-written one.
 
 Reads: one statement runs both searches, each filtered by the caller's ACL in SQL (never
 after): pgvector cosine over HNSW with iterative scans (so a restrictive ACL still yields k
@@ -78,6 +78,8 @@ class DocumentStore(Protocol):
 
     async def write_document(self, doc: DocumentRecord) -> WriteOutcome: ...
 
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]: ...
+
     async def delete_sources(self, sources: Iterable[str]) -> int: ...
 
     async def hybrid_candidates(
@@ -93,6 +95,50 @@ class DocumentStore(Protocol):
     async def counts(self) -> tuple[int, int]: ...
 
     async def close(self) -> None: ...
+
+
+LOCK_SOURCES_SQL = """
+SELECT pg_advisory_xact_lock(l.h)
+FROM (SELECT DISTINCT hashtext(s) AS h FROM unnest($1::text[]) AS s ORDER BY 1) AS l
+"""
+INSERT_DOCUMENTS_SQL = """
+INSERT INTO documents
+    (source, title, content_hash, fingerprint, permissions, metadata, chunk_count)
+SELECT source, title, content_hash, fingerprint, permissions, metadata, chunk_count
+FROM jsonb_to_recordset($1::jsonb) AS d(source text, title text, content_hash text,
+    fingerprint text, permissions text[], metadata jsonb, chunk_count int)
+RETURNING id, source
+"""
+CHUNK_COLUMNS = [
+    "id",
+    "document_id",
+    "ordinal",
+    "text",
+    "section",
+    "kind",
+    "token_count",
+    "embedding",
+    "permissions",
+    "metadata",
+]
+
+
+def _document_rows(docs: Sequence[DocumentRecord]) -> str:
+    """The documents' rows as the JSON array ``INSERT_DOCUMENTS_SQL`` reads."""
+    return json.dumps(
+        [
+            {
+                "source": doc.source,
+                "title": doc.title,
+                "content_hash": doc.content_hash,
+                "fingerprint": doc.fingerprint,
+                "permissions": doc.permissions,
+                "metadata": doc.metadata,
+                "chunk_count": len(doc.chunks),
+            }
+            for doc in docs
+        ]
+    )
 
 
 # $2 is the caller's entries plus PUBLIC_ACL_SENTINEL (see the migration's acl_match column).
@@ -259,59 +305,49 @@ class PgDocumentStore:
         }
 
     async def write_document(self, doc: DocumentRecord) -> WriteOutcome:
-        records = [
-            (
-                ch.id,
-                ch.ordinal,
-                ch.text,
-                ch.section,
-                ch.kind,
-                ch.token_count,
-                ch.embedding,
-                doc.permissions,
-                json.dumps(ch.metadata),
-            )
-            for ch in doc.chunks
-        ]
+        return (await self.write_documents([doc]))[0]
+
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]:
+        """Whole documents in one transaction (one commit, one COPY of all their chunks),
+        each replacing its source's previous version: all are written or none. The same
+        round trips as one document, so an ingestion of many small pages pays one commit per
+        batch instead of one per page."""
+        if not docs:
+            return []
+        sources = [doc.source for doc in docs]
+        if len(set(sources)) != len(sources):
+            raise ValueError("a batch of documents holds each source at most once")
         async with self._pool.acquire() as conn, conn.transaction():
-            # Serialise writers of the same source (two ingestion runs at once).
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", doc.source)
-            deleted = await conn.fetchval(
-                "DELETE FROM documents WHERE source = $1 RETURNING id", doc.source
+            # Serialise writers of the same sources (two ingestion runs at once), always in
+            # the same order, so two batches cannot wait for each other.
+            await conn.execute(LOCK_SOURCES_SQL, sources)
+            deleted = await conn.fetch(
+                "DELETE FROM documents WHERE source = ANY($1::text[]) RETURNING source", sources
             )
-            doc_id = await conn.fetchval(
-                """
-                INSERT INTO documents
-                    (source, title, content_hash, fingerprint, permissions, metadata, chunk_count)
-                VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)
-                RETURNING id
-                """,
-                doc.source,
-                doc.title,
-                doc.content_hash,
-                doc.fingerprint,
-                doc.permissions,
-                json.dumps(doc.metadata),
-                len(doc.chunks),
-            )
-            if records:
-                await conn.copy_records_to_table(
-                    "chunks",
-                    records=[(r[0], doc_id, *r[1:]) for r in records],
-                    columns=[
-                        "id",
-                        "document_id",
-                        "ordinal",
-                        "text",
-                        "section",
-                        "kind",
-                        "token_count",
-                        "embedding",
-                        "permissions",
-                        "metadata",
-                    ],
+            ids = {
+                row["source"]: row["id"]
+                for row in await conn.fetch(INSERT_DOCUMENTS_SQL, _document_rows(docs))
+            }
+            records = [
+                (
+                    ch.id,
+                    ids[doc.source],
+                    ch.ordinal,
+                    ch.text,
+                    ch.section,
+                    ch.kind,
+                    ch.token_count,
+                    ch.embedding,
+                    doc.permissions,
+                    json.dumps(ch.metadata),
                 )
-        return "replaced" if deleted is not None else "new"
+                for doc in docs
+                for ch in doc.chunks
+            ]
+            if records:
+                await conn.copy_records_to_table("chunks", records=records, columns=CHUNK_COLUMNS)
+        replaced = {row["source"] for row in deleted}
+        return ["replaced" if source in replaced else "new" for source in sources]
 
     async def delete_sources(self, sources: Iterable[str]) -> int:
         names = sorted(set(sources))

@@ -65,6 +65,9 @@ class LazyStore:
     async def write_document(self, doc: DocumentRecord) -> WriteOutcome:
         return await (await self.get()).write_document(doc)
 
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]:
+        return await (await self.get()).write_documents(docs)
+
     async def delete_sources(self, sources: Iterable[str]) -> int:
         return await (await self.get()).delete_sources(sources)
 

@@ -11,8 +11,11 @@ call, counted as ``query: pool reset``, kept on purpose (no SET can leak between
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 
+import asyncpg
 import numpy as np
 import pytest
 
@@ -132,3 +135,45 @@ async def test_writing_a_document_costs_the_same_whatever_its_chunk_count(db_url
     }
     assert len(WRITE_DOCUMENT) == 8  # 7 statements; the COPY waits twice
     assert counts == (4, 2 + 1 + 30)
+
+
+async def test_a_batch_of_documents_is_one_transaction_whole_or_not_at_all(db_url: str) -> None:
+    """``write_documents``: the round trips of one document for the whole batch, outcomes in
+    order (new, replaced), the permissions and metadata of each row kept, and a batch that
+    fails writes none of its documents (an ingestion then re-runs them)."""
+    store, wire = await _store(db_url)
+    try:
+        await store.pool.execute("DELETE FROM documents")
+        await store.write_document(_doc("b.md", 2))
+        wire.clear()
+        batch = [_doc("a.md", 3), _doc("b.md", 4, "2"), _doc("c.md", 0)]
+        batch[0] = dataclasses.replace(batch[0], permissions=[], metadata={"k": "v"})
+        outcomes = await store.write_documents(batch)
+        trips = wire.labels()
+        rows = await store.pool.fetch(
+            "SELECT source, fingerprint, permissions, metadata, chunk_count,"
+            " (SELECT count(*) FROM chunks c WHERE c.document_id = d.id) AS chunks"
+            " FROM documents d ORDER BY source"
+        )
+        with pytest.raises(ValueError, match="at most once"):
+            await store.write_documents([_doc("d.md", 1), _doc("d.md", 1)])
+        clash = [_doc("e.md", 1), _doc("f.md", 2)]  # f's chunk ids are a.md's: the COPY fails
+        clash[1] = dataclasses.replace(clash[1], chunks=batch[0].chunks[:2])
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await store.write_documents(clash)
+        after = await store.counts()
+    finally:
+        await store.close()
+
+    assert outcomes == ["new", "replaced", "new"]
+    assert trips == WRITE_DOCUMENT
+    assert [
+        (r["source"], r["fingerprint"], list(r["permissions"]), r["chunk_count"], r["chunks"])
+        for r in rows
+    ] == [
+        ("a.md", "1", [], 3, 3),
+        ("b.md", "2", ["role:business_staff"], 4, 4),
+        ("c.md", "1", ["role:business_staff"], 0, 0),
+    ]
+    assert json.loads(rows[0]["metadata"]) == {"k": "v"}
+    assert after == (3, 7)  # neither e.md nor f.md
