@@ -40,7 +40,12 @@ from foundation.database import (
     with_database,
 )
 from foundation.settings import load_settings
-from retrieval.store import DEFAULT_KEYWORD_COMMON_ROWS, HYBRID_SQL, PgDocumentStore
+from retrieval.store import (
+    CHUNK_COLUMNS,
+    DEFAULT_KEYWORD_COMMON_ROWS,
+    HYBRID_SQL,
+    PgDocumentStore,
+)
 
 DIM = 384
 KEYWORD_COMMON_ROWS = int(os.environ.get("KEYWORD_COMMON_ROWS", DEFAULT_KEYWORD_COMMON_ROWS))
@@ -262,23 +267,10 @@ async def load(url: str, corpus: Corpus, rng: np.random.Generator) -> None:
                     40,
                     corpus.vectors[i],
                     [corpus.acl[i]],
+                    "{}",  # metadata: the column's default
                 )
             )
-        await conn.copy_records_to_table(
-            "chunks",
-            records=records,
-            columns=[
-                "id",
-                "document_id",
-                "ordinal",
-                "text",
-                "section",
-                "kind",
-                "token_count",
-                "embedding",
-                "permissions",
-            ],
-        )
+        await conn.copy_records_to_table("chunks", records=records, columns=CHUNK_COLUMNS)
         await conn.execute("SET maintenance_work_mem = '1GB'")
         await conn.execute("SET max_parallel_maintenance_workers = 1")
         await conn.execute(

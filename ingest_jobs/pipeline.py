@@ -2,9 +2,10 @@
 
 The driver reads and hashes every source and compares fingerprints with the store, so
 unchanged documents cost one file read; it keeps one page's text at a time (the executors
-read each changed page again and check its hash). The driver writes each document, with all
-of its chunks, in one transaction as soon as its last chunk is embedded: a crash leaves only
-whole documents, and a re-run finishes the job.
+read each changed page again and check its hash). The driver writes whole documents, each
+with all of its chunks, several to a transaction once their last chunks are embedded
+(:func:`collect_documents`): a crash leaves only whole documents, and a re-run finishes the
+job.
 
 ``executor="local"`` chunks and embeds in-process; ``executor="ray"`` runs the Ray Data job
 (:mod:`ingest_jobs.ray_executor`) on a local Ray or, under ``ray job submit``, on the
@@ -206,13 +207,13 @@ class _RowFeed:
             yield item
 
 
-def _full(batch: Sequence[tuple[PreparedSource, list[dict[str, Any]]]]) -> bool:
+Batch = list[tuple[PreparedSource, list[dict[str, Any]]]]  # finished documents and their rows
+
+
+def _full(batch: Batch) -> bool:
     """A write batch at its size limit (documents or chunks)."""
     chunks = sum(len(rows) for _, rows in batch)
     return len(batch) >= WRITE_BATCH_DOCUMENTS or chunks >= WRITE_BATCH_CHUNKS
-
-
-Batch = list[tuple[PreparedSource, list[dict[str, Any]]]]
 
 
 class RowSource(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Literal
 
 from agent.access import DomainAuthorizer
 from agent.llm.base import LLMClient
@@ -121,6 +122,11 @@ def local_tool_executor(
     )
 
 
+def _auto_or_on(value: Literal["auto", "on", "off"]) -> bool | None:
+    """An auto/on/off setting as the agent's config takes it: None leaves it to the agent."""
+    return None if value == "auto" else value == "on"
+
+
 def agent_config(settings: Settings) -> AgentConfig:
     return AgentConfig(
         max_tool_hops=settings.max_tool_hops,
@@ -128,11 +134,9 @@ def agent_config(settings: Settings) -> AgentConfig:
         temperature=settings.llm_temperature,
         max_output_tokens=settings.max_output_tokens,
         provider_url=settings.llm_base_url,
-        plan_first=None if settings.plan_first == "auto" else settings.plan_first == "on",
+        plan_first=_auto_or_on(settings.plan_first),
         compose_answers=settings.compose_answers,
-        repair_ungrounded=(
-            None if settings.grounding_repair == "auto" else settings.grounding_repair == "on"
-        ),
+        repair_ungrounded=_auto_or_on(settings.grounding_repair),
         heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
 
