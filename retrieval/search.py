@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from opentelemetry import context as otel_context
@@ -57,6 +57,11 @@ class SearchHit:
         }
 
 
+# Which candidate lists a search draws from: both, fused by RRF (the service), or one alone
+# (the retrieval-quality benchmark compares each side with their fusion).
+Sides = Literal["hybrid", "vector", "keyword"]
+
+
 @dataclass(frozen=True)
 class RetrievalConfig:
     top_k_vector: int = 40
@@ -65,6 +70,17 @@ class RetrievalConfig:
     top_k_final: int = 5
     rrf_k: int = 60
     observe_payloads: bool = False  # OBSERVE_PAYLOADS: query and chunk text on the spans
+    sides: Sides = "hybrid"
+
+    @property
+    def k_vector(self) -> int:
+        """Vector candidates asked of the store: none when only the keyword side runs."""
+        return 0 if self.sides == "keyword" else self.top_k_vector
+
+    @property
+    def k_keyword(self) -> int:
+        """Keyword candidates asked of the store: none when only the vector side runs."""
+        return 0 if self.sides == "vector" else self.top_k_keyword
 
 
 def fuse_candidates(candidates: Sequence[Candidate], rrf_k: int) -> list[tuple[Candidate, float]]:
@@ -109,9 +125,10 @@ class HybridRetriever:
             query,
             vector,
             acl,
-            k_vector=self.config.top_k_vector,
-            k_keyword=self.config.top_k_keyword,
+            k_vector=self.config.k_vector,
+            k_keyword=self.config.k_keyword,
         )
+        # One side alone: RRF over a single rank is that side's own order.
         return fuse_candidates(rows, self.config.rrf_k)
 
     async def rerank(
@@ -185,8 +202,8 @@ class HybridRetriever:
                 },
             )
             for side, top in (
-                ("vector", self.config.top_k_vector),
-                ("keyword", self.config.top_k_keyword),
+                ("vector", self.config.k_vector),
+                ("keyword", self.config.k_keyword),
             )
         ]
         try:
