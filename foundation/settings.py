@@ -226,8 +226,9 @@ class Settings(BaseSettings):
         default=170.0,
         gt=0,
         le=3600,
-        description="Deadline of one /ask in the Serve ingress (504 envelope); keep it below "
-        "serve_config.yaml's http_options.request_timeout_s (180).",
+        description="Deadline of one /ask: JSON in the Serve ingress (504 envelope), streamed "
+        "in both backends (a final `error` event, code `timeout`; the run is cancelled); keep "
+        "it below serve_config.yaml's http_options.request_timeout_s (180).",
     )
     stream_heartbeat_seconds: float = Field(
         default=2.5,

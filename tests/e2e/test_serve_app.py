@@ -338,6 +338,30 @@ def test_a_run_past_the_deadline_is_a_504_envelope(stack: Stack) -> None:
     assert resp.json()["error"]["code"] == "timeout"
 
 
+def test_a_stream_past_the_deadline_ends_with_a_timeout_event(stack: Stack) -> None:
+    question = "A streamed question the model takes too long over"
+    stack.llm.script({"text": "too late", "delay_ms": 12_000}, key=question)
+    events: list[tuple[str, Any]] = []
+    started = time.monotonic()
+    with httpx.stream(
+        "POST",
+        f"{stack.url}/ask",
+        json={"question": question, "stream": True},
+        headers=STAFF,
+        timeout=60,
+    ) as resp:
+        assert resp.status_code == 200
+        name = ""
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line.split(":", 1)[1])))
+    assert time.monotonic() - started < 11.0  # the deadline (8 s), not the model (12 s)
+    assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout", events
+    assert "done" not in [kind for kind, _ in events]
+
+
 EVAL_ROWS = """
 version: 1
 defaults:

@@ -17,7 +17,9 @@ call, ``waiting`` heartbeats while it has sent nothing, ``tool_started`` per too
 ``token`` (``{"text"}``), ``citation`` (a ``CitationOut``), then exactly one of ``done`` (the
 same ``AgentAnswer`` the JSON call returns) or ``error`` (the envelope; for a ``provider_error``
 run, the full ``AgentAnswer`` whose ``error`` is the envelope). A client disconnect closes the
-backend's event iterator, which cancels the model call and running tools. A client that does
+backend's event iterator, which cancels the model call and running tools; so does the deadline
+(``ASK_TIMEOUT_SECONDS``, the JSON call's too): a stream still running then ends with an
+``error`` event whose code is ``timeout``. A client that does
 not know an event name skips it (new progress stages may appear).
 
 The ``done`` answer is authoritative: clients replace the text built from ``token`` events with
@@ -29,10 +31,12 @@ and ``retrieval.ungrounded`` lists what was removed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, cast
 
 import anyio
 from fastapi import APIRouter, Request
@@ -54,7 +58,7 @@ from foundation.tracing import carrier_from_headers
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
 from serve_app.api.middleware import current_request_id
-from serve_app.backend import AskParams, BackendError
+from serve_app.backend import AskParams, BackendError, BackendTimeout
 from serve_app.model_override import check_model_override
 
 SESSION_HEADER = "x-session-id"  # optional: groups a conversation's traces (session.id)
@@ -177,6 +181,56 @@ async def _close(events: AsyncIterator[AgentEvent]) -> None:
             await aclose()
         except Exception:
             log.warning("closing the answer stream failed", exc_info=True)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: Exception
+
+
+_END = object()  # the backend's stream finished
+
+
+async def _pump(events: AsyncIterator[AgentEvent], queue: asyncio.Queue[object]) -> None:
+    """Iterates ``events`` into ``queue`` (then ``_END``, or what it raised) in one task of
+    its own: cancelling this task is how the deadline stops the model call and the tools,
+    and the trace spans the run opens close in the context that opened them."""
+    outcome: object = _END
+    try:
+        async for event in events:
+            await queue.put(event)
+    except Exception as exc:  # re-raised by the reader, where the route handles it
+        outcome = _Failed(exc)
+    finally:
+        await _close(events)
+    await queue.put(outcome)
+
+
+async def within_deadline(
+    events: AsyncIterator[AgentEvent], seconds: float
+) -> AsyncIterator[AgentEvent]:
+    """``events``, ended by ``BackendTimeout`` once ``seconds`` have passed since the call
+    (the backend's iteration is cancelled then, as on a client disconnect). The timeout
+    scope never spans a ``yield``: a scope left open across one would cancel the consumer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    pump = asyncio.create_task(_pump(events, queue))
+    try:
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await queue.get()
+            except TimeoutError:
+                raise BackendTimeout(f"no answer within {seconds:.0f} s; try again") from None
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield cast(AgentEvent, item)  # the queue holds events, then one marker
+    finally:
+        pump.cancel()
+        await asyncio.gather(pump, return_exceptions=True)
 
 
 async def sse_events(
@@ -320,7 +374,7 @@ async def ask(
         ),
     )
     if body.stream:
-        events = backend.ask_stream(user, params)
+        events = within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds)
         return EventSourceResponse(sse_events(events, current_request_id()), ping=SSE_PING_SECONDS)
     answer = await backend.ask(user, params)
     status = provider_error_status(answer) if answer.decision == "provider_error" else 200

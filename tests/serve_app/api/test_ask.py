@@ -399,3 +399,40 @@ async def test_a_client_disconnect_cancels_the_run(
             "/ask", json={"question": "Are you still there?"}, headers=NORTHWIND_STAFF
         )
     assert again.status_code == 200 and again.json()["answer"] == "Still here."
+
+
+async def test_a_stream_past_its_deadline_ends_with_a_timeout_error_and_stops_the_run(
+    make_settings: SettingsFactory,
+    docs_db: str,
+    make_backend: BackendFactory,
+    serve_local: Serve,
+    llm: ScriptedLLM,
+) -> None:
+    """ASK_TIMEOUT_SECONDS binds streams too: the client gets one final ``error`` event (code
+    ``timeout``) at the deadline, and the backend's run is cancelled there, not left to finish."""
+    settings = make_settings(database_url=docs_db, ask_timeout_seconds=2.0)
+    spy = SpyBackend(make_backend(settings))
+    url = serve_local(settings, spy)
+    question = "A streamed answer that outlasts the deadline"
+    llm.script(
+        {"text": "word " * 400, "chunk_chars": 10, "stream_delay_ms": 50}, key=question
+    )  # ~10 s of streaming
+    started = time.monotonic()
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+        client.stream(
+            "POST", "/ask", json={"question": question, "stream": True}, headers=NORTHWIND_STAFF
+        ) as response,
+    ):
+        assert response.status_code == 200
+        events = await read_sse(response)
+    ended = time.monotonic() - started
+    assert [e.event for e in events].count("token") >= 1  # it was streaming when cut
+    last = events[-1]
+    assert last.event == "error" and is_envelope(last.data, "timeout"), last
+    assert "2 s" in last.data["error"]["message"]
+    assert not any(e.event == "done" for e in events)
+    assert 2.0 <= ended < 6.0
+    assert await asyncio.to_thread(spy.closed.wait, 5.0), "the backend stream was never closed"
+    assert spy.closed_at is not None and spy.closed_at - started < 4.0
+    assert "done" not in spy.events
