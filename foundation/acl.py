@@ -23,6 +23,16 @@ def _clean(name: str) -> str:
     return name.strip().lower()
 
 
+def normalize_domain(name: str) -> str:
+    """The service's one rule for domain (tenant) names: surrounding space and letter case do
+    not matter, so ``Acme``, `` acme `` and ``ACME`` are one tenant. Applied wherever a name
+    enters: claims (``AuthUser``), ACL entries, Cedar's domain entities and the domains of
+    buildings the twin service returns (and by the local simulators). Names compare equal
+    only after it; two tenants the mesh told apart by case alone would be merged, so the mesh
+    must not issue such names (docs/security.md)."""
+    return name.strip().lower()
+
+
 def parse_acl(entries: Iterable[str]) -> list[str]:
     """Validate and normalise ACL entries (lower-case, de-duplicated, sorted)."""
     out: set[str] = set()
@@ -44,7 +54,7 @@ def parse_acl(entries: Iterable[str]) -> list[str]:
                 )
             out.add(ROLE_PREFIX + name)
         elif kind == "domain":
-            out.add(DOMAIN_PREFIX + name)
+            out.add(DOMAIN_PREFIX + normalize_domain(name))
         else:
             raise AclError(f"ACL entry {raw!r} must start with 'role:' or 'domain:'")
     return sorted(out)
@@ -58,7 +68,7 @@ def caller_entries(roles: Iterable[str], domains: Iterable[str]) -> list[str]:
     held: set[str] = set()
     if top is not None:
         held.update(ROLE_PREFIX + name for name, weight in ROLE_WEIGHTS.items() if weight <= top)
-    held.update(DOMAIN_PREFIX + d for d in {_clean(d) for d in domains} if d)
+    held.update(DOMAIN_PREFIX + d for d in {normalize_domain(d) for d in domains} if d)
     return sorted(held)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeGuard
 
-from foundation.acl import caller_entries
+from foundation.acl import caller_entries, normalize_domain
 from foundation.roles import ROLE_WEIGHTS
 
 CLAIMS_HEADER = "x-gateway-claims"
@@ -60,6 +60,11 @@ class AuthUser:
     domains: tuple[str, ...] = ()
     claims_header: str | None = field(default=None, repr=False)
     anonymous: bool = False
+
+    def __post_init__(self) -> None:
+        # One rule for domain names everywhere (``normalize_domain``): folded here, once,
+        # so Cedar, retrieval and the tools all see the same names whoever built the user.
+        object.__setattr__(self, "domains", _dedupe(map(normalize_domain, self.domains)))
 
     # --- construction ---------------------------------------------------------------------------
 

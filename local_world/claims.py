@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from foundation.acl import normalize_domain
 from foundation.roles import ROLE_WEIGHTS
 
 HEADER = "x-gateway-claims"
@@ -48,8 +49,13 @@ class Claims:
     def is_admin(self) -> bool:
         return self.role_weight >= ADMIN_WEIGHT
 
+    def __post_init__(self) -> None:
+        # The service's rule for domain names (``normalize_domain``): ``Acme`` is ``acme``.
+        names = (d for d in map(normalize_domain, self.domains) if d)
+        object.__setattr__(self, "domains", _dedupe(names))
+
     def can_see_domain(self, domain: str) -> bool:
-        return self.is_admin or domain in self.domains
+        return self.is_admin or normalize_domain(domain) in self.domains
 
 
 def _dedupe(items: Iterable[str]) -> tuple[str, ...]:

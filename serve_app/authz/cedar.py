@@ -21,6 +21,7 @@ from typing import Any
 
 import cedarpy
 
+from foundation.acl import normalize_domain
 from foundation.identity import AuthUser
 from foundation.roles import ROLE_WEIGHTS
 
@@ -148,9 +149,12 @@ class CedarAuthorizer:
         """The subset of ``candidates`` the caller may see, decided in one batch. Candidates
         come from downstream answers (untrusted): one that is not valid Unicode (a lone
         surrogate from a JSON escape) names no real domain and is denied without asking Cedar,
-        whose entity parser would otherwise fail the whole batch."""
+        whose entity parser would otherwise fail the whole batch. Names are compared after
+        ``normalize_domain`` (``Acme`` is ``acme``); the result holds them as given."""
         domains = [d for d in dict.fromkeys(candidates) if _is_unicode(d)]
-        requests = [self._request(user, ACCESS_DOMAIN, _uid("Domain", d)) for d in domains]
+        requests = [
+            self._request(user, ACCESS_DOMAIN, _uid("Domain", normalize_domain(d))) for d in domains
+        ]
         allowed = self._decide(user, requests)
         return frozenset(d for d, ok in zip(domains, allowed, strict=True) if ok)
 

@@ -178,6 +178,30 @@ async def test_eval_token_user_acts_as_itself_downstream(
     assert parse_claims(FLAT_HEADER) == claims
 
 
+@pytest.mark.parametrize("spelling", ["NorthWind", " NORTHWIND ", "northwind"])
+async def test_a_membership_in_any_case_is_one_tenant_end_to_end(
+    registry: ToolRegistry, make_local_ctx: MakeCtx, local_twin: Service, spelling: str
+) -> None:
+    """One rule for domain names (``normalize_domain``), through the tools: the mesh's header
+    reaches the twin simulator verbatim ("NorthWind"), which folds case as the service does,
+    and Cedar's check of the answer agrees: the caller sees Northwind's buildings, and only
+    those, even when the twin overshares."""
+    from local_world.claims import encode_claims
+
+    user = AuthUser.from_claims_header(encode_claims("nina", [(spelling, "business_staff")]))
+    local_twin.control.set_faults(leak_foreign_buildings=True)
+    out = result(await call(registry, make_local_ctx(user), "list_buildings", {}))
+    assert {b["building_id"] for b in out["buildings"]} == {HARBOR, "bld-northwind-hq"}
+    harbor = result(
+        await call(registry, make_local_ctx(user), "get_building", {"building_id": HARBOR})
+    )
+    assert harbor["building"]["name"] == "Harbor Warehouse"
+    forbidden = await call(
+        registry, make_local_ctx(user), "get_building", {"building_id": "bld-acme-tower"}
+    )
+    assert not forbidden.ok and forbidden.error == BUILDING_NOT_FOUND
+
+
 # --- buildings, rooms, occupancy --------------------------------------------------------------
 
 
