@@ -217,8 +217,11 @@ def _share(part: int, whole: int) -> str:
     return f"{part}/{whole}" if whole else "-"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    align = ["---", *("---:" for _ in header[1:])]
+def _table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], text: Sequence[int] = (0,)
+) -> list[str]:
+    """A Markdown table: the columns numbered in ``text`` left-aligned, the figures right."""
+    align = ["---" if i in text else "---:" for i in range(len(header))]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
@@ -338,7 +341,7 @@ def summary_markdown(report: QualityReport) -> str:
 
 
 def _section_label(r: Retrieved) -> str:
-    mark = {2: "**A**", 1: "r"}.get(r.grade, "-")
+    mark = {2: "**A**", 1: "r"}.get(r.grade, "·")
     tail = r.section.rsplit(" > ", 1)[-1] if r.section else "(intro)"
     return f"{mark} {r.page or '?'} > {tail}"
 
@@ -371,7 +374,12 @@ def per_question_lines(report: QualityReport) -> list[str]:
                 "<br>".join(_section_label(r) for r in score.final) or "(nothing)",
             ]
         )
-    return _table(header, rows)
+    return [
+        "Marks in the last column: **A** answers, r related, · no label. Metrics as in the "
+        "summary; `-`: no answering section within 10.",
+        "",
+        *_table(header, rows, text=(0, 1, 2, 6)),
+    ]
 
 
 def report_markdown(report: QualityReport) -> str:
