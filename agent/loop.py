@@ -6,8 +6,9 @@ never raised), appends the results and goes round again; a final reply is classi
 (answered / idk / declined), its citation markers are validated against the chunks
 ``search_docs`` returned, and invented markers are stripped. At most ``MAX_TOOL_HOPS`` model
 calls: a model still asking for tools after that gets the IDK marker and
-``tool_loop_exhausted``. Provider failures (after the client's retries) end the run with
-``provider_error`` and a clean message; nothing is raised to the caller.
+``tool_loop_exhausted`` (so does a model asking for tools past ``max_tool_calls`` tool calls
+or ``max_total_tokens`` tokens in all). Provider failures (after the client's retries) end the
+run with ``provider_error`` and a clean message; nothing is raised to the caller.
 
 ``stream`` yields ``progress`` events (``started`` first; each model call, a ``waiting``
 heartbeat while it has sent nothing yet, each tool as it starts), ``tool`` events as tools
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 
@@ -100,6 +101,11 @@ class AgentConfig:
     """What the loop needs from the service's settings (the composition root builds it)."""
 
     max_tool_hops: int = 6
+    # Per-request caps beyond the hops (MAX_TOOL_CALLS_PER_ASK, MAX_TOKENS_PER_ASK): tool
+    # calls in all (the plan's included), input + output tokens of every model call. A model
+    # asking for tools past one ends the run as ``tool_loop_exhausted``. None: no cap.
+    max_tool_calls: int | None = 24
+    max_total_tokens: int | None = None
     observe_payloads: bool = False
     temperature: float | None = None  # as sent by the client; recorded on spans
     max_output_tokens: int | None = None
@@ -302,12 +308,10 @@ class Agent:
                 run.usage.record(reply.usage, run.model, hop=hop)
 
                 if reply.kind == "tool_calls" and reply.tool_calls:
-                    if hop == self.max_hops:
+                    limit = self._limit_reached(run, hop, reply.tool_calls)
+                    if limit:
                         names = ", ".join(call.name for call in reply.tool_calls)
-                        run.notes.append(
-                            f"tool loop exhausted after {hop} model calls; "
-                            f"the model still asked for: {names}"
-                        )
+                        run.notes.append(f"{limit}; the model still asked for: {names}")
                         break
                     run.messages.append(
                         Message("assistant", reply.text, tool_calls=tuple(reply.tool_calls))
@@ -346,6 +350,20 @@ class Agent:
         """Whether runs start with the deterministic plan (``PLAN_FIRST``; auto: json_schema)."""
         plan_first = self.config.plan_first
         return self.mode == "json_schema" if plan_first is None else plan_first
+
+    def _limit_reached(self, run: Run, hop: int, calls: Sequence[ToolCall]) -> str | None:
+        """Why the run may not go on with ``calls`` (the hop, tool-call or token cap), or
+        None. Checked before the calls run: what a cap forbids is never started."""
+        config = self.config
+        if hop == self.max_hops:
+            return f"tool loop exhausted after {hop} model calls"
+        made = len(run.traces)
+        if config.max_tool_calls is not None and made + len(calls) > config.max_tool_calls:
+            return f"tool-call limit reached ({made} of {config.max_tool_calls} made)"
+        used = run.usage.input_tokens + run.usage.output_tokens
+        if config.max_total_tokens is not None and used >= config.max_total_tokens:
+            return f"token limit reached ({used} of {config.max_total_tokens} tokens used)"
+        return None
 
     def _retry_malformed(self, run: Run, hop: int, error: MalformedReply) -> bool:
         """Count an unusable reply; True (with a note to the model) while another try is

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=3, ge=0, le=20)
     tool_calling_mode: Literal["native", "json_schema"] = "native"
     max_tool_hops: int = Field(default=6, ge=1, le=50)
+    # Per-/ask caps beyond the hops: tool calls in all (the planner's too), and input + output
+    # tokens of all model calls; 0 = no cap. Past one: IDK + tool_loop_exhausted.
+    max_tool_calls_per_ask: int = Field(default=24, ge=0, le=1000)
+    max_tokens_per_ask: int = Field(default=0, ge=0, le=10_000_000)
     # Route, ground entities and fetch documentation before the model's first call
     # (agent.planning): auto = in json_schema mode only.
     plan_first: Literal["auto", "on", "off"] = "auto"

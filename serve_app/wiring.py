@@ -130,6 +130,8 @@ def _auto_or_on(value: Literal["auto", "on", "off"]) -> bool | None:
 def agent_config(settings: Settings) -> AgentConfig:
     return AgentConfig(
         max_tool_hops=settings.max_tool_hops,
+        max_tool_calls=settings.max_tool_calls_per_ask or None,
+        max_total_tokens=settings.max_tokens_per_ask or None,
         observe_payloads=settings.observe_payloads,
         temperature=settings.llm_temperature,
         max_output_tokens=settings.max_output_tokens,

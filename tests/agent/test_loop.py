@@ -191,6 +191,48 @@ async def test_hop_exhaustion_returns_idk(
     assert any("still asked for: list_buildings" in note for note in answer.notes)
 
 
+async def test_the_tool_call_cap_ends_the_run_before_the_calls_that_pass_it(
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
+) -> None:
+    """MAX_TOOL_CALLS_PER_ASK counts tool calls across hops: a hop whose calls would pass it
+    runs none of them, and the run ends like an exhausted loop (IDK), never a 500."""
+    question = "Look at every building three at a time"
+
+    def greedy(request: ChatRequest) -> ChatResult:
+        return tool_calls_reply(*[tool_call("list_buildings", {}) for _ in range(3)])
+
+    model = FunctionModel(greedy, model="local/scripted", tool_calling_mode=mode)
+    agent = make_local_agent(model, plan_first="off", max_tool_calls_per_ask=7)
+    answer = await agent.answer(question, NORTHWIND_STAFF)
+    assert answer.decision == "tool_loop_exhausted" and answer.answer == IDK_MARKER
+    assert len(answer.tool_calls) == 6 and len(local_twin.paths()) == 6  # 3 + 3; 9 > 7
+    assert len(model.requests) == 3
+    assert any("tool-call limit reached (6 of 7 made)" in note for note in answer.notes)
+
+
+async def test_the_token_cap_stops_further_model_calls(
+    mode: Mode, make_local_agent: MakeAgent, local_twin: Service
+) -> None:
+    question = "Keep looking at the buildings, whatever it costs"
+
+    def forever(request: ChatRequest) -> ChatResult:
+        return tool_calls_reply(tool_call("list_buildings", {}))
+
+    model = FunctionModel(forever, model="local/scripted", tool_calling_mode=mode)
+    uncapped = await make_local_agent(
+        FunctionModel(forever, model="local/scripted", tool_calling_mode=mode),
+        plan_first="off",
+        max_tool_hops=2,
+    ).answer(question, NORTHWIND_STAFF)
+    per_call = uncapped.usage.input_tokens // 2  # about one request's prompt
+    agent = make_local_agent(model, plan_first="off", max_tokens_per_ask=per_call * 2)
+    answer = await agent.answer(question, NORTHWIND_STAFF)
+    assert answer.decision == "tool_loop_exhausted" and answer.idk
+    used = answer.usage.input_tokens + answer.usage.output_tokens
+    assert used >= per_call * 2 and len(model.requests) == 2  # the cap, not the 6 hops
+    assert any("token limit reached" in note for note in answer.notes)
+
+
 async def test_off_topic_is_declined_without_tools(
     mode: Mode, make_local_agent: MakeAgent, local_twin: Service
 ) -> None:
