@@ -219,16 +219,32 @@ async def schema_state(conn: asyncpg.Connection) -> tuple[str | None, int | None
     return revision, dim
 
 
-async def check_schema(conn: asyncpg.Connection, expected_dim: int) -> None:
-    """Refuse to touch a store whose schema is missing, old, or of another dimension."""
-    revision, dim = await schema_state(conn)
-    if revision is None or dim is None:
-        raise DatabaseError("the database has no agent-service schema; run `agent-service db up`")
+NO_SCHEMA = "the database has no agent-service schema; run `agent-service db up`"
+
+
+def _check_revision(revision: str | None) -> None:
+    if revision is None:
+        raise DatabaseError(NO_SCHEMA)
     if revision != head_revision():
         raise DatabaseError(
             f"the schema is at revision {revision}, not {head_revision()}; "
             "run `agent-service db up` to migrate"
         )
+
+
+async def check_revision(conn: asyncpg.Connection) -> None:
+    """Refuse a database whose schema is missing or not at head (for stores that do not
+    depend on the embedding dimension, e.g. conversations)."""
+    revision, _ = await schema_state(conn)
+    _check_revision(revision)
+
+
+async def check_schema(conn: asyncpg.Connection, expected_dim: int) -> None:
+    """Refuse to touch a store whose schema is missing, old, or of another dimension."""
+    revision, dim = await schema_state(conn)
+    if revision is None or dim is None:
+        raise DatabaseError(NO_SCHEMA)
+    _check_revision(revision)
     if dim != expected_dim:
         raise DimensionMismatchError(
             f"EMBEDDING_DIM is {expected_dim} but the chunks.embedding column is vector({dim}). "

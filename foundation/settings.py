@@ -244,6 +244,15 @@ class Settings(BaseSettings):
     cors_origins: CsvList = Field(default_factory=list)
     api_prefix: str = ""
 
+    # --- conversations ---
+    conversation_max_turns: int = Field(
+        default=50,
+        ge=1,
+        le=1000,
+        description="Turns one conversation may hold; a question asked in a full one is a "
+        "409 `conversation_full` before any model call (start a new conversation).",
+    )
+
     # --- observability ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["json", "console"] = "console"

@@ -36,6 +36,8 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("EMBEDDING_DTYPE", "float16"),
         ("DOC_ROOTS", "documentation/user=group:ops"),
         ("API_PREFIX", "agent"),
+        ("CONVERSATION_MAX_TURNS", "0"),
+        ("CONVERSATION_MAX_TURNS", "lots"),
     ],
 )
 def test_bad_values_name_the_variable(

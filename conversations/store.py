@@ -1,0 +1,385 @@
+"""The ``ConversationStore`` port and its PostgreSQL adapter.
+
+A conversation belongs to one owner (the caller's ``sub``): every read and write names the
+owner, and a conversation of another owner is exactly as absent as one that never existed
+(the same statement, the same ``None``), so no caller can tell them apart.
+
+Writes are whole turns: ``start`` creates a conversation with its first turn, ``append``
+locks the conversation's row, checks its owner and its turn limit, and writes the next turn,
+each in one transaction. A failure or a cancellation anywhere in it (the connection lost,
+the task cancelled) rolls all of it back: a turn is stored whole or not at all, and the
+conversation's turn count always equals its turns.
+
+Pages of a caller's conversations run newest activity first (``updated_at``, then ``id``)
+and are keyset-paginated: ``PageCursor`` is the last row of a page.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import asyncpg
+
+from foundation.database import check_revision
+
+JsonObject = dict[str, Any]
+
+TITLE_CHARS = 120  # a conversation's title: the start of its first question
+CONNECT_TIMEOUT_S = 10.0
+
+
+class ConversationStoreError(Exception):
+    """A conversation write refused by the store's rules (not a database failure)."""
+
+
+class NoSuchConversation(ConversationStoreError, LookupError):
+    """No conversation with this id belongs to this owner (none exists, another owner's, or
+    it was deleted)."""
+
+
+class ConversationFull(ConversationStoreError):
+    """The conversation already holds ``max_turns`` turns."""
+
+    def __init__(self, conversation_id: uuid.UUID, max_turns: int) -> None:
+        super().__init__(f"conversation {conversation_id} already holds {max_turns} turns")
+        self.conversation_id = conversation_id
+        self.max_turns = max_turns
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A chunk the answer cited, by its id (with what the caller was shown of it)."""
+
+    chunk_id: str
+    source: str
+    section: str | None
+    snippet: str
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call of the turn's trace (the call, not its result)."""
+
+    name: str
+    arguments: JsonObject
+    ok: bool
+    error: str | None
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One question and what answered it: what ``start`` and ``append`` write."""
+
+    question: str
+    answer: str
+    decision: str
+    idk: bool
+    model: str
+    trace_id: str | None = None
+    citations: tuple[Citation, ...] = ()
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    usage: JsonObject = field(default_factory=dict)
+    cost: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A stored turn: its number in the conversation (from 1) and when it was written."""
+
+    number: int
+    created_at: datetime
+    record: TurnRecord
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: uuid.UUID
+    owner: str
+    title: str
+    turn_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class PageCursor:
+    """Where the next page starts: the last conversation of the page before."""
+
+    updated_at: datetime
+    id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class ConversationPage:
+    conversations: list[Conversation]
+    next_cursor: PageCursor | None  # None: this was the last page
+
+
+class ConversationStore(Protocol):
+    async def get(self, owner: str, conversation_id: uuid.UUID) -> Conversation | None:
+        """The conversation, if it belongs to ``owner``."""
+        ...
+
+    async def read(
+        self, owner: str, conversation_id: uuid.UUID
+    ) -> tuple[Conversation, list[Turn]] | None:
+        """The conversation and its turns in order, if it belongs to ``owner``."""
+        ...
+
+    async def recent(
+        self, owner: str, *, limit: int, after: PageCursor | None = None
+    ) -> ConversationPage:
+        """``owner``'s conversations, most recently active first, ``limit`` at a time."""
+        ...
+
+    async def start(self, owner: str, record: TurnRecord) -> tuple[Conversation, Turn]:
+        """A new conversation of ``owner`` holding ``record`` as its turn 1."""
+        ...
+
+    async def append(
+        self, owner: str, conversation_id: uuid.UUID, record: TurnRecord, *, max_turns: int
+    ) -> tuple[Conversation, Turn]:
+        """``record`` as the conversation's next turn. Raises ``NoSuchConversation`` (not
+        ``owner``'s, or gone) or ``ConversationFull`` (it holds ``max_turns``)."""
+        ...
+
+    async def delete(self, owner: str, conversation_id: uuid.UUID) -> bool:
+        """Delete the conversation and its turns; False when ``owner`` has no such one."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def title_of(question: str) -> str:
+    """A conversation's title: its first question's first line, at most ``TITLE_CHARS``."""
+    line = " ".join(question.split("\n", 1)[0].split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------------
+
+CONVERSATION_COLUMNS = "id, owner_sub, title, turn_count, created_at, updated_at"
+TURN_COLUMNS = (
+    "turn, question, answer, decision, idk, citations, tool_calls, usage, cost, model, "
+    "trace_id, created_at"
+)
+INSERT_TURN_SQL = f"""
+INSERT INTO conversation_turns (conversation_id, {TURN_COLUMNS})
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11, $12, $13)
+RETURNING created_at
+"""
+
+
+def _clean(value: Any) -> Any:
+    """PostgreSQL text and jsonb cannot hold U+0000: it becomes U+FFFD (a question may hold
+    one; the statement would fail and lose the turn)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _json(value: Any) -> str:
+    return json.dumps(_clean(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _conversation(row: asyncpg.Record) -> Conversation:
+    return Conversation(
+        id=uuid.UUID(str(row["id"])),
+        owner=row["owner_sub"],
+        title=row["title"],
+        turn_count=row["turn_count"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _turn(row: asyncpg.Record) -> Turn:
+    citations = tuple(Citation(**item) for item in json.loads(row["citations"]))
+    tool_calls = tuple(ToolCallRecord(**item) for item in json.loads(row["tool_calls"]))
+    return Turn(
+        number=row["turn"],
+        created_at=row["created_at"],
+        record=TurnRecord(
+            question=row["question"],
+            answer=row["answer"],
+            decision=row["decision"],
+            idk=row["idk"],
+            model=row["model"],
+            trace_id=row["trace_id"],
+            citations=citations,
+            tool_calls=tool_calls,
+            usage=json.loads(row["usage"]),
+            cost=json.loads(row["cost"]),
+        ),
+    )
+
+
+def _turn_args(conversation_id: uuid.UUID, number: int, record: TurnRecord) -> Sequence[Any]:
+    return (
+        conversation_id,
+        number,
+        _clean(record.question),
+        _clean(record.answer),
+        record.decision,
+        record.idk,
+        _json([asdict(c) for c in record.citations]),
+        _json([asdict(t) for t in record.tool_calls]),
+        _json(record.usage),
+        _json(record.cost),
+        _clean(record.model),
+        None if record.trace_id is None else _clean(record.trace_id),
+        # created_at: the transaction's time, as the conversation's updated_at
+    )
+
+
+class PgConversationStore:
+    """The ``ConversationStore`` port on PostgreSQL (tables of migration 0002)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, min_size: int = 1, max_size: int = 10
+    ) -> PgConversationStore:
+        """Open a pool, refusing a database whose schema is missing or not at head."""
+        conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
+        try:
+            await check_revision(conn)
+        finally:
+            await conn.close()
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, timeout=CONNECT_TIMEOUT_S
+        )
+        assert pool is not None
+        return cls(pool)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def get(self, owner: str, conversation_id: uuid.UUID) -> Conversation | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = $1 AND owner_sub = $2",
+            conversation_id,
+            owner,
+        )
+        return None if row is None else _conversation(row)
+
+    async def read(
+        self, owner: str, conversation_id: uuid.UUID
+    ) -> tuple[Conversation, list[Turn]] | None:
+        # One transaction, so the turns are those the conversation row counts.
+        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            row = await conn.fetchrow(
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations "
+                "WHERE id = $1 AND owner_sub = $2",
+                conversation_id,
+                owner,
+            )
+            if row is None:
+                return None
+            turns = await conn.fetch(
+                f"SELECT {TURN_COLUMNS} FROM conversation_turns "
+                "WHERE conversation_id = $1 ORDER BY turn",
+                conversation_id,
+            )
+        return _conversation(row), [_turn(t) for t in turns]
+
+    async def recent(
+        self, owner: str, *, limit: int, after: PageCursor | None = None
+    ) -> ConversationPage:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if after is None:
+            rows = await self._pool.fetch(
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE owner_sub = $1 "
+                "ORDER BY updated_at DESC, id DESC LIMIT $2",
+                owner,
+                limit + 1,
+            )
+        else:
+            rows = await self._pool.fetch(
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE owner_sub = $1 "
+                "AND (updated_at, id) < ($2, $3) "
+                "ORDER BY updated_at DESC, id DESC LIMIT $4",
+                owner,
+                after.updated_at,
+                after.id,
+                limit + 1,
+            )
+        conversations = [_conversation(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        last = conversations[-1] if more else None
+        return ConversationPage(
+            conversations=conversations,
+            next_cursor=None if last is None else PageCursor(last.updated_at, last.id),
+        )
+
+    async def start(self, owner: str, record: TurnRecord) -> tuple[Conversation, Turn]:
+        conversation_id = uuid.uuid4()
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "INSERT INTO conversations (id, owner_sub, title, turn_count) "
+                f"VALUES ($1, $2, $3, 1) RETURNING {CONVERSATION_COLUMNS}",
+                conversation_id,
+                owner,
+                _clean(title_of(record.question)),
+            )
+            assert row is not None
+            conversation = _conversation(row)
+            created_at = await conn.fetchval(
+                INSERT_TURN_SQL, *_turn_args(conversation_id, 1, record), conversation.updated_at
+            )
+        return conversation, Turn(number=1, created_at=created_at, record=record)
+
+    async def append(
+        self, owner: str, conversation_id: uuid.UUID, record: TurnRecord, *, max_turns: int
+    ) -> tuple[Conversation, Turn]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # The row lock orders concurrent appends to one conversation (turn numbers stay
+            # dense, the limit holds) and waits out a concurrent delete.
+            count = await conn.fetchval(
+                "SELECT turn_count FROM conversations WHERE id = $1 AND owner_sub = $2 FOR UPDATE",
+                conversation_id,
+                owner,
+            )
+            if count is None:
+                raise NoSuchConversation(str(conversation_id))
+            if count >= max_turns:
+                raise ConversationFull(conversation_id, max_turns)
+            row = await conn.fetchrow(
+                "UPDATE conversations SET turn_count = turn_count + 1, updated_at = now() "
+                f"WHERE id = $1 RETURNING {CONVERSATION_COLUMNS}",
+                conversation_id,
+            )
+            assert row is not None
+            conversation = _conversation(row)
+            number = conversation.turn_count
+            created_at = await conn.fetchval(
+                INSERT_TURN_SQL,
+                *_turn_args(conversation_id, number, record),
+                conversation.updated_at,
+            )
+        return conversation, Turn(number=number, created_at=created_at, record=record)
+
+    async def delete(self, owner: str, conversation_id: uuid.UUID) -> bool:
+        deleted = await self._pool.fetchval(
+            "DELETE FROM conversations WHERE id = $1 AND owner_sub = $2 RETURNING id",
+            conversation_id,
+            owner,
+        )
+        return deleted is not None
