@@ -3,7 +3,9 @@ deployment handles and the Ray Jobs API.
 
 ``/ask`` goes to the ``AgentLoop`` deployment (a streaming handle for SSE, so events flow per
 token and a client disconnect cancels the work two hops down); ``/ingest`` submits the
-ingestion job as a Ray Job, so it outlives the request and shows in the dashboard."""
+ingestion job as a Ray Job, so it outlives the request and shows in the dashboard;
+``/conversations`` and the turns of ``/ask`` use a conversation store the Ingress opens
+itself (``serve_app.threads``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agent.answer import AgentAnswer, AgentEvent
+from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from foundation.settings import Settings
 from serve_app.api.app import create_app
@@ -38,7 +41,7 @@ from serve_app.backend import (
     IngestStatus,
 )
 from serve_app.readiness import Readiness, ReadinessCheck
-from serve_app.wiring import replica_settings
+from serve_app.wiring import build_conversation_store, replica_settings
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0
@@ -93,11 +96,26 @@ def parse_job_output(text: str) -> tuple[dict[str, int], dict[str, Any]]:
 class ServeBackend:
     """The ``ApiBackend`` port over deployment handles and the Ray Jobs API."""
 
-    def __init__(self, agent: DeploymentHandle[Any], settings: Settings) -> None:
+    def __init__(
+        self,
+        agent: DeploymentHandle[Any],
+        settings: Settings,
+        *,
+        conversations: ConversationStore | None = None,
+    ) -> None:
         self._agent = agent
         self._stream = agent.options(stream=True)
         self._settings = settings
         self._jobs: Any = None
+        # The Ingress reaches the database itself for conversations (a pool of its own,
+        # opened on first use): a turn is written where the final answer is sent.
+        self._conversations = (
+            conversations if conversations is not None else build_conversation_store(settings)
+        )
+
+    @property
+    def conversations(self) -> ConversationStore:
+        return self._conversations
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         # Our own deadline, below Serve's request_timeout_s, so a slow run ends with the
@@ -216,7 +234,7 @@ class ServeBackend:
         return Readiness(ready=all(c.ok for c in checks), checks=checks)
 
     async def close(self) -> None:
-        return None
+        await self._conversations.close()
 
 
 @serve.deployment(

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.answer import AgentAnswer, AgentEvent
+from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from serve_app.readiness import Readiness
 
@@ -60,6 +61,13 @@ class ApiBackend(Protocol):
     async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun: ...
 
     async def ingest_status(self, run_id: str) -> IngestRun | None: ...
+
+    @property
+    def conversations(self) -> ConversationStore:
+        """The callers' conversations (``serve_app.threads`` keeps ``/ask`` turns in them;
+        the ``/conversations`` routes read and delete them). A database failure surfaces
+        as ``ConversationsUnavailable``."""
+        ...
 
     async def readiness(self) -> Readiness: ...
 
@@ -113,3 +121,32 @@ class IngestConflict(BackendError):
 
     status = 409
     code = "ingest_in_progress"
+
+
+class ConversationNotFound(BackendError):
+    """No conversation with this id belongs to the caller -> 404, one message whether it
+    never existed or is another caller's (no existence oracle)."""
+
+    status = 404
+    code = "not_found"
+
+
+class ConversationFullError(BackendError):
+    """The conversation holds ``CONVERSATION_MAX_TURNS`` turns -> 409: start a new one."""
+
+    status = 409
+    code = "conversation_full"
+
+
+class ConversationDeleted(BackendError):
+    """The conversation was deleted while its question was being answered -> 409; the
+    answer was not stored."""
+
+    status = 409
+    code = "conversation_deleted"
+
+
+class ConversationsUnavailable(BackendError):
+    """The conversation store (the database) cannot be reached -> 503."""
+
+    code = "conversations_unavailable"

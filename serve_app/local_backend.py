@@ -1,7 +1,8 @@
 """``LocalBackend``: the ``ApiBackend`` port with every core object in this process.
 
 It holds the ``Agent`` (with its LLM client, the ``Downstream`` client for twin/sensor
-services, and a hybrid retriever over the knowledge base), and runs ingestion as asyncio tasks
+services, and a hybrid retriever over the knowledge base) and the callers' conversations
+(``serve_app.threads.LazyConversationStore``), and runs ingestion as asyncio tasks
 (``run_ingest`` with the local executor over ``DOC_ROOTS``), tracked in memory by run id. Used by
 the single-process server (``serve_app.api.single_process``, the spec's FastAPI-only
 architecture and the benchmarks' baseline) and by the route tests.
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 from agent.answer import AgentAnswer, AgentEvent
 from agent.loop import Agent
+from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from foundation.settings import Settings
 from foundation.tracing import use_context
@@ -85,12 +87,14 @@ class LocalBackend:
         agent: Agent,
         store: LazyStore,
         embedder: Embedder,
+        conversations: ConversationStore,
         closables: Sequence[Closable] = (),
     ) -> None:
         self.settings = settings
         self.agent = agent
         self.store = store
         self.embedder = embedder
+        self._conversations = conversations
         self._closables = list(closables)
         self._runs: OrderedDict[str, _Run] = OrderedDict()
 
@@ -185,6 +189,12 @@ class LocalBackend:
         run = self._runs.get(run_id)
         return None if run is None else run.state.model_copy(deep=True)
 
+    # --- conversations --------------------------------------------------------------------------
+
+    @property
+    def conversations(self) -> ConversationStore:
+        return self._conversations
+
     # --- readiness ------------------------------------------------------------------------------
 
     async def readiness(self) -> Readiness:
@@ -221,6 +231,7 @@ class LocalBackend:
                 await closable.aclose()
             except Exception:
                 log.warning("closing %s failed", type(closable).__name__, exc_info=True)
+        await self._conversations.close()
         await self.store.close()
 
 

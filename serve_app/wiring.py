@@ -21,6 +21,7 @@ from agent.tools.base import Retriever
 from agent.tools.downstream import Downstream
 from agent.tools.executor import LocalToolExecutor, ToolExecutor
 from agent.tools.registry import ToolRegistry
+from conversations.store import ConversationStore
 from foundation.database import migrate, resolve_database_url
 from foundation.observability.setup import configure_observability
 from foundation.settings import Settings, SettingsError, load_settings
@@ -31,6 +32,7 @@ from retrieval.store import DocumentStore, PgDocumentStore
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.knowledge import LazyStore, connect_store
 from serve_app.local_backend import Closable, LocalBackend
+from serve_app.threads import LazyConversationStore
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +199,15 @@ async def opened_retriever(settings: Settings) -> AsyncIterator[HybridRetriever]
         await store.close()
 
 
+# --- conversations ----------------------------------------------------------------------------
+
+
+def build_conversation_store(settings: Settings) -> LazyConversationStore:
+    """The callers' conversations in DATABASE_URL (or the embedded server), opened on first
+    use: building it touches no database."""
+    return LazyConversationStore(settings)
+
+
 # --- the in-process backend -------------------------------------------------------------------
 
 
@@ -207,6 +218,7 @@ def build_local_backend(
     llm: LLMClient | None = None,
     embedder: Embedder | None = None,
     downstream: Downstream | None = None,
+    conversations: ConversationStore | None = None,
 ) -> LocalBackend:
     """Every core object in this process (each part injectable for tests). Nothing here
     touches the network or the database: the store opens on first use (or in ``start``)."""
@@ -234,5 +246,8 @@ def build_local_backend(
         agent=build_agent(settings, llm=client, tools=tools),
         store=store,
         embedder=embedder,
+        conversations=conversations
+        if conversations is not None
+        else build_conversation_store(settings),
         closables=closables,
     )

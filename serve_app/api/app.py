@@ -5,6 +5,8 @@ Routes (all under ``API_PREFIX``, e.g. ``/agent``; OpenAPI at ``{prefix}/docs`` 
 
 * ``POST /ask``: JSON or SSE (``serve_app.api.routes.ask``).
 * ``POST /ingest`` (202), ``GET /ingest/{run_id}``: admin only (Cedar ``IngestDocuments``).
+* ``GET /conversations``, ``GET|DELETE /conversations/{id}``: the caller's own conversations
+  (``serve_app.api.routes.conversations``); ``/ask`` stores its turns in them.
 * ``GET /healthz``, ``GET /readyz`` (503 with the checks when not ready): no credentials.
 
 With a non-empty prefix, ``/healthz``, ``/readyz``, ``/docs`` and ``/openapi.json`` also answer
@@ -20,8 +22,11 @@ new one) identifies the request in the logs.
 * 401 ``unauthenticated`` (missing or invalid claims header or eval token; with
   ``WWW-Authenticate: Bearer``). 403 ``forbidden`` (``/ingest`` below admin) or
   ``model_override_forbidden`` (below ``MODEL_OVERRIDE_MIN_ROLE``).
-* 404 ``not_found`` (unknown route or run id), 405 ``method_not_allowed``.
-* 409 ``ingest_in_progress``. 413 ``payload_too_large`` (body over ``max_body_bytes``).
+* 404 ``not_found`` (unknown route, run id, or conversation: another caller's conversation is
+  the same 404 as an unknown one), 405 ``method_not_allowed``.
+* 409 ``ingest_in_progress``; ``conversation_full`` (``CONVERSATION_MAX_TURNS``),
+  ``conversation_deleted`` (deleted while its question was answered; nothing stored).
+  413 ``payload_too_large`` (body over ``max_body_bytes``).
 * 422 ``validation_error`` with ``fields: [{"field", "message", "type"}]``.
 * 429 ``overloaded`` (the backend sheds load; ``Retry-After``).
 * 500 ``internal_error``: a generic message with the request id; the exception is logged,
@@ -32,7 +37,8 @@ new one) identifies the request in the logs.
   ``status_code``), so usage and cost stay visible. With ``stream=true`` the same object is
   the data of the stream's final ``error`` event (the status is already 200 by then).
 * Backend failures (``BackendError``: e.g. Serve timeouts or back-pressure) -> their status
-  (503/504/429) with the envelope.
+  (503/504/429) with the envelope; 503 ``conversations_unavailable`` when the conversation
+  store's database cannot be reached.
 
 No Ray import here: the Serve ingress passes a backend of deployment handles, the
 single-process server an in-process one.
@@ -55,7 +61,7 @@ from serve_app.api.middleware import (
     BodySizeLimitMiddleware,
     RequestContextMiddleware,
 )
-from serve_app.api.routes import ask, health, ingest
+from serve_app.api.routes import ask, conversations, health, ingest
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
@@ -99,6 +105,7 @@ def create_app(
     api = APIRouter(prefix=prefix)
     api.include_router(ask.router)
     api.include_router(ingest.router)
+    api.include_router(conversations.router)
     api.include_router(health.router)
     app.include_router(api)
     if prefix:
@@ -112,7 +119,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_credentials=True,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["authorization", "content-type", REQUEST_ID_HEADER],
             expose_headers=[REQUEST_ID_HEADER],
             max_age=600,

@@ -6,10 +6,11 @@ bad field (``field``, ``message``, ``type``), never echoing the input.
 
 Codes: 400 ``bad_request`` (and ``model_not_allowed``), 401 ``unauthenticated``, 403
 ``forbidden`` (and ``model_override_forbidden``), 404 ``not_found``, 405
-``method_not_allowed``, 409 ``ingest_in_progress``, 413 ``payload_too_large``, 422
-``validation_error``, 429 ``overloaded``, 500 ``internal_error``, 502/503/504 (see
-``serve_app.api.app``: ``provider_rejected``, ``malformed_reply``, ``provider_unavailable``,
-``backend_unavailable``, ``timeout``).
+``method_not_allowed``, 409 ``ingest_in_progress``, ``conversation_full``,
+``conversation_deleted``, 413 ``payload_too_large``, 422 ``validation_error``, 429
+``overloaded``, 500 ``internal_error``, 502/503/504 (see ``serve_app.api.app``:
+``provider_rejected``, ``malformed_reply``, ``provider_unavailable``, ``backend_unavailable``,
+``conversations_unavailable``, ``timeout``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import compile_path
 
 from serve_app.auth import AuthenticationError
 from serve_app.backend import BackendError
@@ -90,7 +92,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or invalid credentials",
         403: "Authenticated, but not allowed",
         404: "Not found",
-        409: "Conflict (an ingestion run is already running)",
+        409: "Conflict: an ingestion run is already running (`ingest_in_progress`), or the "
+        "conversation is full (`conversation_full`) or was deleted during the run "
+        "(`conversation_deleted`)",
         413: "Request body too large",
         422: "Invalid request body or parameters; `fields` names each bad field",
         429: "Overloaded; retry after `Retry-After` seconds",
@@ -170,16 +174,42 @@ def _http_message(request: Request, exc: StarletteHTTPException) -> str:
     return STATUS_CODES.get(exc.status_code, "error").replace("_", " ")
 
 
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the schema documents at this path. Starlette's 405 names only the first
+    route whose path matches, and a path can have one route per method (``GET`` and
+    ``DELETE /conversations/{id}``). None for a path the schema does not hold."""
+    app = request.scope.get("app")
+    if not isinstance(app, FastAPI):
+        return None
+    path = request.scope.get("path", "")
+    root = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    for template, item in app.openapi().get("paths", {}).items():
+        if compile_path(template)[0].match(path):
+            methods = sorted(m.upper() for m in item if m in HTTP_METHODS)
+            return ", ".join(methods) or None
+    return None
+
+
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code in (204, 304) or exc.status_code < 200:
         return Response(status_code=exc.status_code, headers=exc.headers)
     if exc.status_code == 400 and exc.detail == FASTAPI_BODY_PARSE_ERROR:
         return _unparseable_body()
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
+            headers["allow"] = allowed
+            exc = StarletteHTTPException(405, exc.detail, headers=headers)
     code = getattr(exc, "code", None) or STATUS_CODES.get(exc.status_code, "error")
-    return error_response(
-        exc.status_code, _http_message(request, exc), code=code, headers=exc.headers
-    )
+    return error_response(exc.status_code, _http_message(request, exc), code=code, headers=headers)
 
 
 def _field_name(loc: Sequence[Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from conversations.memory import InMemoryConversationStore
 from foundation.identity import AuthUser
 from local_world.claims import encode_claims
 from serve_app.backend import AskParams, IngestRequest, IngestRun
@@ -100,6 +101,7 @@ class FakeBackend:
     )
     runs: dict[str, IngestRun] = field(default_factory=dict)
     stream_closed: bool = False
+    conversations: InMemoryConversationStore = field(default_factory=InMemoryConversationStore)
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         self.asks.append((user, params))

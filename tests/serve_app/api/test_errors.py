@@ -372,6 +372,8 @@ async def test_the_agent_prefix(fake_app: AppFactory, asgi_client: ClientFactory
         "/agent/ask",
         "/agent/ingest",
         "/agent/ingest/{run_id}",
+        "/agent/conversations",
+        "/agent/conversations/{conversation_id}",
         "/agent/healthz",
         "/agent/readyz",
     }

@@ -4,11 +4,13 @@ generated requests - valid and invalid bodies, parameters, methods - against the
 The app is the single-process one (``create_single_process_app``) over a real
 ``LocalBackend``, served by uvicorn on 127.0.0.1: the scripted model server (an unkeyed loop
 script: ``search_docs`` and ``get_building``, then an answer citing an invented chunk, which
-is stripped), the twin/sensor simulators, embeddings from the scripted server, and a
-database that is down (``/readyz`` says 503; ``search_docs`` gets a tool error): no
-Postgres, no network beyond loopback. Each case is sent as one of four callers (admin,
-business admin, staff, nobody; picked from the case, so a failure replays as the same
-caller): the 2xx, 400, 401, 403, 404 and 422 paths are all reached.
+is stripped), the twin/sensor simulators, embeddings from the scripted server, a database
+that is down (``/readyz`` says 503; ``search_docs`` gets a tool error) and the
+conversations in the in-memory store (so ``/conversations`` answers 2xx/404/422, not the
+503 of a database that is down): no Postgres, no network beyond loopback. Each case is
+sent as one of four callers (admin, business admin, staff, nobody; picked from the case, so
+a failure replays as the same caller): the 2xx, 400, 401, 403, 404 and 422 paths are all
+reached.
 
 Every response must pass schemathesis's checks: no 5xx, a documented status, content type,
 headers and body matching the schema, schema-valid data accepted and invalid data rejected.
@@ -32,6 +34,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import Failure, FailureGroup
 
 from agent.answer import DoneEvent, ProgressEvent, TokenEvent, ToolCallTrace, ToolEvent
+from conversations.memory import InMemoryConversationStore
 from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from serve_app.api.app import create_app
@@ -63,6 +66,14 @@ CONFIG = SchemathesisConfig.from_dict(
                 "generation": {"max-examples": 2 * MAX_EXAMPLES},  # the operation that matters
                 "checks": {
                     "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "403"]}
+                },
+            },
+            {
+                # ``cursor`` is opaque: a page's ``next_cursor``, which no schema can tell from
+                # any other string; one the service did not issue is the documented 422.
+                "include-name": "GET /conversations",
+                "checks": {
+                    "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "422"]}
                 },
             },
             {
@@ -115,7 +126,10 @@ def served(
         embedding_dim=384,
     )
     llm.script(*ANSWER_SCRIPT, mode="loop")  # unkeyed: answers any question
-    url = serve_local(settings, build_local_backend(settings, authorizer=authorizer))
+    backend = build_local_backend(
+        settings, authorizer=authorizer, conversations=InMemoryConversationStore()
+    )
+    url = serve_local(settings, backend)
     assert httpx.get(f"{url}/openapi.json").json() == OPENAPI
     return url
 

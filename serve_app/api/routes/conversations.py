@@ -1,0 +1,215 @@
+"""``GET /conversations``, ``GET /conversations/{conversation_id}``,
+``DELETE /conversations/{conversation_id}``: the caller's own conversations.
+
+Any authenticated caller, for their own conversations only (the owner is the caller's
+``sub``). Another caller's conversation is answered exactly as an unknown id: ``404``
+``not_found`` with the same body (``serve_app.threads.not_found_message``), from the same
+single statement. An id that is not a UUID is a ``422``. ``503``
+``conversations_unavailable`` when the database cannot be reached.
+
+The list runs most recently active first (a new turn moves a conversation to the top),
+``limit`` (1-100, default 20) at a time; ``next_cursor`` (opaque) asks for the next page, and
+is ``null`` on the last one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+
+from agent.answer import CitationOut, CostOut, Decision, ToolCallTrace, UsageOut
+from conversations.store import Conversation, PageCursor, Turn
+from serve_app.api.deps import BackendDep, CurrentUser
+from serve_app.api.errors import ErrorEnvelope, error_responses
+from serve_app.backend import ConversationNotFound
+from serve_app.threads import not_found_message
+
+router = APIRouter(tags=["conversations"])
+
+DEFAULT_PAGE = 20
+MAX_PAGE = 100
+MAX_CURSOR_CHARS = 200
+BAD_CURSOR = "not a cursor this service issued (pass next_cursor back as it came)"
+
+
+class ConversationSummary(BaseModel):
+    id: uuid.UUID
+    title: str = Field(description="The start of the conversation's first question.")
+    turn_count: int
+    created_at: datetime
+    updated_at: datetime = Field(description="When its latest turn was stored.")
+
+
+class ConversationList(BaseModel):
+    conversations: list[ConversationSummary]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null on the last page."
+    )
+
+
+class TurnOut(BaseModel):
+    turn: int = Field(description="The turn's number in the conversation, from 1.")
+    question: str
+    answer: str
+    citations: list[CitationOut]
+    tool_calls: list[ToolCallTrace]
+    decision: Decision
+    idk: bool
+    usage: UsageOut
+    cost: CostOut
+    model: str
+    trace_id: str | None
+    created_at: datetime
+
+
+class ConversationOut(ConversationSummary):
+    turns: list[TurnOut] = Field(description="Oldest first.")
+
+
+def summary(conversation: Conversation) -> ConversationSummary:
+    return ConversationSummary(
+        id=conversation.id,
+        title=conversation.title,
+        turn_count=conversation.turn_count,
+        created_at=conversation.created_at,
+        updated_at=conversation.updated_at,
+    )
+
+
+def turn_out(turn: Turn) -> TurnOut:
+    record = turn.record
+    return TurnOut(
+        turn=turn.number,
+        question=record.question,
+        answer=record.answer,
+        citations=[
+            CitationOut(chunk_id=c.chunk_id, source=c.source, section=c.section, snippet=c.snippet)
+            for c in record.citations
+        ],
+        tool_calls=[
+            ToolCallTrace(
+                name=t.name,
+                arguments=t.arguments,
+                ok=t.ok,
+                error=t.error,
+                duration_ms=t.duration_ms,
+            )
+            for t in record.tool_calls
+        ],
+        decision=record.decision,  # type: ignore[arg-type]  # stored from a Decision
+        idk=record.idk,
+        usage=UsageOut.model_validate(record.usage),
+        cost=CostOut.model_validate(record.cost),
+        model=record.model,
+        trace_id=record.trace_id,
+        created_at=turn.created_at,
+    )
+
+
+# --- cursors ------------------------------------------------------------------------------------
+
+
+def encode_cursor(cursor: PageCursor) -> str:
+    raw = f"{cursor.updated_at.isoformat()}|{cursor.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> PageCursor:
+    """The cursor ``encode_cursor`` made; ``ValueError`` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        when, _, ident = raw.partition("|")
+        updated_at = datetime.fromisoformat(when)
+        if updated_at.tzinfo is None:
+            raise ValueError("naive time")
+        return PageCursor(updated_at=updated_at, id=uuid.UUID(ident))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ValueError(BAD_CURSOR) from None
+
+
+def _bad_cursor() -> RequestValidationError:
+    return RequestValidationError(
+        [{"type": "value_error", "loc": ("query", "cursor"), "msg": BAD_CURSOR}]
+    )
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {
+        "model": ErrorEnvelope,
+        "description": "No such conversation of the caller's (unknown, or another caller's: "
+        "the same body either way)",
+    }
+}
+
+
+@router.get(
+    "/conversations",
+    response_model=ConversationList,
+    responses=error_responses(401, 422, 500, 503),
+    summary="The caller's conversations, most recently active first",
+)
+async def list_conversations(
+    user: CurrentUser,
+    backend: BackendDep,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_PAGE, description="Conversations per page (1-100).")
+    ] = DEFAULT_PAGE,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CURSOR_CHARS,
+            description="The previous page's `next_cursor`; omitted: the first page.",
+        ),
+    ] = None,
+) -> ConversationList:
+    after: PageCursor | None = None
+    if cursor is not None:
+        try:
+            after = decode_cursor(cursor)
+        except ValueError:
+            raise _bad_cursor() from None
+    page = await backend.conversations.recent(user.sub, limit=limit, after=after)
+    return ConversationList(
+        conversations=[summary(c) for c in page.conversations],
+        next_cursor=None if page.next_cursor is None else encode_cursor(page.next_cursor),
+    )
+
+
+@router.get(
+    "/conversations/{conversation_id}",
+    response_model=ConversationOut,
+    responses={**error_responses(401, 422, 500, 503), **_NOT_FOUND},
+    summary="One of the caller's conversations, with its turns",
+)
+async def get_conversation(
+    conversation_id: uuid.UUID, user: CurrentUser, backend: BackendDep
+) -> ConversationOut:
+    found = await backend.conversations.read(user.sub, conversation_id)
+    if found is None:
+        raise ConversationNotFound(not_found_message(conversation_id))
+    conversation, turns = found
+    return ConversationOut(**summary(conversation).model_dump(), turns=[turn_out(t) for t in turns])
+
+
+@router.delete(
+    "/conversations/{conversation_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**error_responses(401, 422, 500, 503), **_NOT_FOUND},
+    summary="Delete one of the caller's conversations and its turns",
+)
+async def delete_conversation(
+    conversation_id: uuid.UUID, user: CurrentUser, backend: BackendDep
+) -> Response:
+    if not await backend.conversations.delete(user.sub, conversation_id):
+        raise ConversationNotFound(not_found_message(conversation_id))
+    return Response(status_code=204)
