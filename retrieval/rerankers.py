@@ -2,7 +2,9 @@
 
 ``NoopReranker`` keeps the fused order (no cross-encoder ships offline, so it is the default
 and says so once in the log). ``CrossEncoderReranker`` loads any sentence-transformers
-``CrossEncoder`` by name (from a local cache or hub) or folder and scores pairs in batches.
+``CrossEncoder`` by name (from a local cache or hub) or folder and scores pairs in batches;
+``RERANKER_MODEL=trained`` names the one ``agent-service train-reranker`` builds under
+``AGENT_SERVICE_HOME`` (``retrieval.reranker_training``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,35 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
+
+TRAINED_RERANKER = (
+    "trained"  # RERANKER_MODEL alias: the folder `agent-service train-reranker` builds
+)
+
+
+def trained_model_dir(home: Path) -> Path:
+    """Where ``agent-service train-reranker`` leaves its CrossEncoder folder."""
+    return home / "models" / "reranker"
+
+
+def resolve_reranker_model(name: str, home: Path) -> str:
+    """``trained`` -> the folder ``agent-service train-reranker`` built under ``home`` (an
+    error when it has not been built); any other name or folder unchanged."""
+    if name != TRAINED_RERANKER:
+        return name
+    folder = trained_model_dir(home)
+    if not (folder / "config.json").exists():
+        raise RuntimeError(
+            f"RERANKER_MODEL=trained: no trained reranker in {folder}; build it with "
+            "`agent-service train-reranker`"
+        )
+    return str(folder)
 
 
 @runtime_checkable
@@ -84,9 +110,10 @@ class CrossEncoderReranker:
 
 def build_reranker(settings: Settings) -> Reranker:
     if settings.reranker == "cross-encoder" and settings.reranker_model:
-        return CrossEncoderReranker(settings.reranker_model)
+        return CrossEncoderReranker(resolve_reranker_model(settings.reranker_model, settings.home))
     log.info(
         "reranker: noop (fused order kept). Set RERANKER=cross-encoder and RERANKER_MODEL to a "
-        "sentence-transformers CrossEncoder name or folder to rerank."
+        "sentence-transformers CrossEncoder name or folder (or `trained`: the one "
+        "`agent-service train-reranker` builds) to rerank."
     )
     return NoopReranker()
