@@ -196,12 +196,8 @@ def test_one_trace_spans_every_deployment_and_arrives_over_otlp(
     assert all(h.get("x-langfuse-ingestion-version") == "4" for h in stack.collector.requests)
 
 
-def test_sse_streams_events_in_order_and_done_matches_json(
-    stack: Stack, sample_docs_url: str
-) -> None:
-    question = "How often do alerts repeat? (stream)"
-    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
-    _script_docs_answer(stack.llm, question, chunk_id, chunk_chars=4, stream_delay_ms=40)
+def _streamed_ask(stack: Stack, question: str) -> list[tuple[str, dict[str, Any], float]]:
+    """POST a streamed /ask as STAFF: its events (name, data, arrival time), in order."""
     events: list[tuple[str, dict[str, Any], float]] = []
     with httpx.stream(
         "POST",
@@ -218,6 +214,16 @@ def test_sse_streams_events_in_order_and_done_matches_json(
                 name = line.split(":", 1)[1].strip()
             elif line.startswith("data:"):
                 events.append((name, json.loads(line.split(":", 1)[1]), time.monotonic()))
+    return events
+
+
+def test_sse_streams_events_in_order_and_done_matches_json(
+    stack: Stack, sample_docs_url: str
+) -> None:
+    question = "How often do alerts repeat? (stream)"
+    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    _script_docs_answer(stack.llm, question, chunk_id, chunk_chars=4, stream_delay_ms=40)
+    events = _streamed_ask(stack, question)
     kinds = [k for k, _, _ in events]
     # progress events cross the AgentLoop -> Ingress streaming handle too: started first
     assert events[0][:2] == ("progress", {"stage": "started", "model": "local/scripted"})
@@ -341,25 +347,11 @@ def test_a_run_past_the_deadline_is_a_504_envelope(stack: Stack) -> None:
 def test_a_stream_past_the_deadline_ends_with_a_timeout_event(stack: Stack) -> None:
     question = "A streamed question the model takes too long over"
     stack.llm.script({"text": "too late", "delay_ms": 12_000}, key=question)
-    events: list[tuple[str, Any]] = []
     started = time.monotonic()
-    with httpx.stream(
-        "POST",
-        f"{stack.url}/ask",
-        json={"question": question, "stream": True},
-        headers=STAFF,
-        timeout=60,
-    ) as resp:
-        assert resp.status_code == 200
-        name = ""
-        for line in resp.iter_lines():
-            if line.startswith("event:"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("data:"):
-                events.append((name, json.loads(line.split(":", 1)[1])))
+    events = _streamed_ask(stack, question)
     assert time.monotonic() - started < 11.0  # the deadline (8 s), not the model (12 s)
     assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout", events
-    assert "done" not in [kind for kind, _ in events]
+    assert "done" not in [kind for kind, _, _ in events]
 
 
 EVAL_ROWS = """

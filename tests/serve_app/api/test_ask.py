@@ -366,18 +366,28 @@ async def test_tokens_arrive_before_the_model_finishes(
     assert tokens[len(tokens) // 2].at < done.at - 0.2
 
 
+def _serve_a_long_answer(
+    settings: Settings,
+    make_backend: BackendFactory,
+    serve_local: Serve,
+    llm: ScriptedLLM,
+    question: str,
+) -> tuple[SpyBackend, str]:
+    """A served app whose backend is spied on, and ~10 s of streamed answer to ``question``."""
+    spy = SpyBackend(make_backend(settings))
+    url = serve_local(settings, spy)
+    llm.script({"text": "word " * 400, "chunk_chars": 10, "stream_delay_ms": 50}, key=question)
+    return spy, url
+
+
 async def test_a_client_disconnect_cancels_the_run(
     settings: Settings,
     make_backend: BackendFactory,
     serve_local: Serve,
     llm: ScriptedLLM,
 ) -> None:
-    spy = SpyBackend(make_backend(settings))
-    url = serve_local(settings, spy)
     question = "A very long answer I will not wait for"
-    llm.script(
-        {"text": "word " * 400, "chunk_chars": 10, "stream_delay_ms": 50}, key=question
-    )  # ~10 s of streaming
+    spy, url = _serve_a_long_answer(settings, make_backend, serve_local, llm, question)
     started = time.monotonic()
     async with (
         httpx.AsyncClient(base_url=url, timeout=30) as client,
@@ -411,12 +421,8 @@ async def test_a_stream_past_its_deadline_ends_with_a_timeout_error_and_stops_th
     """ASK_TIMEOUT_SECONDS binds streams too: the client gets one final ``error`` event (code
     ``timeout``) at the deadline, and the backend's run is cancelled there, not left to finish."""
     settings = make_settings(database_url=docs_db, ask_timeout_seconds=2.0)
-    spy = SpyBackend(make_backend(settings))
-    url = serve_local(settings, spy)
     question = "A streamed answer that outlasts the deadline"
-    llm.script(
-        {"text": "word " * 400, "chunk_chars": 10, "stream_delay_ms": 50}, key=question
-    )  # ~10 s of streaming
+    spy, url = _serve_a_long_answer(settings, make_backend, serve_local, llm, question)
     started = time.monotonic()
     async with (
         httpx.AsyncClient(base_url=url, timeout=30) as client,
