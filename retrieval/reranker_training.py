@@ -52,6 +52,7 @@ from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore
 log = logging.getLogger(__name__)
 
 BASE_MODEL = "all-MiniLM-L6-v2"
+MINING_VERSION = 2  # part of the cached pairs' key: a change of the filters mines anew
 
 MIN_PASSAGE_WORDS = 25
 MAX_PASSAGE_WORDS = 160  # about CHUNK_MAX_TOKENS (200) word pieces: what the service passes
@@ -145,9 +146,16 @@ def _clip(passage: str) -> str:
     return " ".join(words[:MAX_PASSAGE_WORDS])
 
 
+RULE = re.compile(r"[-=*#~_^]{3,}")  # an RST underline or a Markdown rule inside the text
+
+
 def _good_query(query: str) -> bool:
     n = len(_words(query))
-    return MIN_QUERY_WORDS <= n <= MAX_QUERY_WORDS and _prose_words(query) >= max(2, n // 2)
+    return (
+        MIN_QUERY_WORDS <= n <= MAX_QUERY_WORDS
+        and _prose_words(query) >= max(2, n // 2)
+        and not RULE.search(query)
+    )
 
 
 RST_UNDERLINE = re.compile(r"^([=\-~^*+#\"'`])\1{2,}\s*$")
@@ -398,10 +406,18 @@ async def mine_negatives(
     shown = {passage_id(p): embedding_input(p.section, p.passage) for p in pairs}
     ids = sorted(shown)
     examples: list[Example] = []
+    failed: list[str] = []
     depth = hard + skip_top + 1
     for pair in pairs:
         own = passage_id(pair)
-        hits = await retriever.search(pair.query, acl=[], top_k=depth)
+        try:
+            hits = await retriever.search(pair.query, acl=[], top_k=depth)
+        except Exception as exc:  # e.g. PostgreSQL's "tsquery stack too small" on odd text
+            log.warning(
+                "negatives: search failed for %r (%s); random negatives only", pair.query, exc
+            )
+            failed.append(pair.query)
+            hits = []
         found = [h.chunk_id for h in hits if h.chunk_id != own and h.chunk_id in shown]
         negatives = [shown[i] for i in found[skip_top : skip_top + hard]]
         n_hard = len(negatives)

@@ -520,7 +520,7 @@ def cmd_train_reranker(args: argparse.Namespace, settings: Settings, out: TextIO
         save_steps=args.save_steps,
     )
     started = time.perf_counter()
-    pairs_file = work / f"pairs-{rt.data_key(args.per_package, args.seed)}.jsonl"
+    pairs_file = work / f"pairs-{rt.data_key(rt.MINING_VERSION, args.per_package, args.seed)}.jsonl"
     if pairs_file.exists():
         pairs = rt.load_pairs(pairs_file)
     else:
