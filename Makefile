@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
 .PHONY: install install-local-llm-small run stop test lint typecheck unit db-up ingest search \
-	serve ask clean bench-ingest bench-search
+	serve ask clean bench-ingest bench-search reranker
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -48,6 +48,12 @@ ingest: db-up
 
 search: install
 	$(BIN)/agent-service search "How long is the alert cooldown and how do I change it?" --top-k 3
+
+# Opt-in, never part of run or test: trains the cross-encoder reranker here (about 10 min on
+# 2 cores; mined data and checkpoints are cached, so a re-run resumes, or only re-saves) into
+# .agent-service/models/reranker; use it with RERANKER=cross-encoder RERANKER_MODEL=trained.
+reranker: db-up
+	$(BIN)/agent-service train-reranker --layers 3 --max-length 192
 
 serve: ingest
 	$(BIN)/agent-service serve
