@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = reranker._model
     layers = model[0].auto_model.config.num_hidden_layers
     print(
-        f"model {folder}: {layers} layers, max length {model.max_length}, "
+        f"model {folder}: {layers} layers, max length {model.max_seq_length}, "
         f"{os.cpu_count()} CPUs, {args.candidates} candidates of {args.words} words"
     )
     docs = passages(args.words, args.candidates * 3)

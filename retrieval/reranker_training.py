@@ -557,7 +557,7 @@ def train_reranker(
     rows = _rows(train)
     dataset = datasets.Dataset.from_dict(rows)
     model = base_cross_encoder(config)
-    negatives_per_query = max(1, len(rows["label"]) // max(1, len(train)) - 1)
+    negatives_per_query = max(1, round(len(rows["label"]) / max(1, len(train))) - 1)
     loss = BinaryCrossEntropyLoss(model, pos_weight=_tensor(float(negatives_per_query)))
     work_dir.mkdir(parents=True, exist_ok=True)
     args = CrossEncoderTrainingArguments(
