@@ -143,6 +143,12 @@ class Settings(BaseSettings):
     top_k_rerank: int = Field(default=20, ge=1, le=1000)
     top_k_final: int = Field(default=5, ge=1, le=50)
     rrf_k: int = Field(default=60, ge=1, le=10_000)
+    rrf_keyword_weight: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=10.0,
+        description="The keyword list's weight in the RRF fusion (the vector list's is 1).",
+    )
     hnsw_ef_search: int = Field(default=200, ge=1, le=1000)
     keyword_common_rows: int = Field(
         default=1000,  # retrieval.store.DEFAULT_KEYWORD_COMMON_ROWS

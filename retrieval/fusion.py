@@ -10,11 +10,17 @@ from typing import TypeVar
 K = TypeVar("K", bound=Hashable)
 
 
-def rrf_score(ranks: Sequence[int | None], k: int = 60) -> float:
-    """Fused score of one item from its 1-based rank in each list (None: absent)."""
+def rrf_score(
+    ranks: Sequence[int | None], k: int = 60, weights: Sequence[float] | None = None
+) -> float:
+    """Fused score of one item from its 1-based rank in each list (None: absent); each
+    list's term times its weight (weighted RRF; all 1 by default)."""
     if k <= 0:
         raise ValueError("RRF k must be positive")
-    return sum(1.0 / (k + r) for r in ranks if r is not None)
+    weights = weights if weights is not None else [1.0] * len(ranks)
+    if len(weights) != len(ranks):
+        raise ValueError("one RRF weight per ranked list")
+    return sum(w / (k + r) for r, w in zip(ranks, weights, strict=True) if r is not None)
 
 
 def rrf_fuse(rankings: Sequence[Sequence[K]], k: int = 60) -> list[tuple[K, float]]:

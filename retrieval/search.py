@@ -69,6 +69,8 @@ class RetrievalConfig:
     top_k_rerank: int = 20
     top_k_final: int = 5
     rrf_k: int = 60
+    # The keyword list's weight in the fusion (the vector list's is 1): RRF_KEYWORD_WEIGHT.
+    keyword_weight: float = 1.0
     observe_payloads: bool = False  # OBSERVE_PAYLOADS: query and chunk text on the spans
     sides: Sides = "hybrid"
 
@@ -83,9 +85,13 @@ class RetrievalConfig:
         return 0 if self.sides == "vector" else self.top_k_keyword
 
 
-def fuse_candidates(candidates: Sequence[Candidate], rrf_k: int) -> list[tuple[Candidate, float]]:
-    """RRF over the two rank columns; ties broken by vector rank then chunk id (stable)."""
-    scored = [(c, rrf_score([c.vector_rank, c.keyword_rank], rrf_k)) for c in candidates]
+def fuse_candidates(
+    candidates: Sequence[Candidate], rrf_k: int, keyword_weight: float = 1.0
+) -> list[tuple[Candidate, float]]:
+    """RRF over the two rank columns, the keyword one weighted; ties broken by vector rank
+    then chunk id (stable)."""
+    weights = (1.0, keyword_weight)
+    scored = [(c, rrf_score([c.vector_rank, c.keyword_rank], rrf_k, weights)) for c in candidates]
     scored.sort(
         key=lambda cs: (
             -cs[1],
@@ -129,7 +135,7 @@ class HybridRetriever:
             k_keyword=self.config.k_keyword,
         )
         # One side alone: RRF over a single rank is that side's own order.
-        return fuse_candidates(rows, self.config.rrf_k)
+        return fuse_candidates(rows, self.config.rrf_k, self.config.keyword_weight)
 
     async def rerank(
         self, query: str, fused: Sequence[tuple[Candidate, float]], top_k: int

@@ -159,6 +159,7 @@ def retrieval_config(settings: Settings) -> RetrievalConfig:
         top_k_rerank=settings.top_k_rerank,
         top_k_final=settings.top_k_final,
         rrf_k=settings.rrf_k,
+        keyword_weight=settings.rrf_keyword_weight,
         observe_payloads=settings.observe_payloads,
     )
 

@@ -46,3 +46,18 @@ def test_fuse_candidates_uses_both_rank_columns() -> None:
         [_cand("vec-only", 1, None), _cand("both", 3, 2), _cand("kw-only", None, 1)], 60
     )
     assert [c.chunk_id for c, _ in fused] == ["both", "vec-only", "kw-only"]
+
+
+def test_weighted_rrf_scales_each_lists_term() -> None:
+    assert rrf_score([1, 1], k=60, weights=[1.0, 0.5]) == pytest.approx(1.5 / 61)
+    assert rrf_score([None, 2], k=60, weights=[1.0, 0.25]) == pytest.approx(0.25 / 62)
+    with pytest.raises(ValueError):
+        rrf_score([1, 1], weights=[1.0])
+
+
+def test_a_lighter_keyword_list_lets_the_vector_order_lead() -> None:
+    candidates = [_cand("vec-1", 1, None), _cand("vec-30-kw-1", 30, 1), _cand("kw-only", None, 1)]
+    equal = [c.chunk_id for c, _ in fuse_candidates(candidates, 60)]
+    assert equal == ["vec-30-kw-1", "vec-1", "kw-only"]
+    light = [c.chunk_id for c, _ in fuse_candidates(candidates, 60, keyword_weight=0.3)]
+    assert light == ["vec-1", "vec-30-kw-1", "kw-only"]
