@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import importlib.util
 import json
 import logging
 import os
@@ -509,6 +510,16 @@ def cmd_train_reranker(args: argparse.Namespace, settings: Settings, out: TextIO
     from retrieval import reranker_training as rt
     from retrieval.rerankers import TRAINED_RERANKER, trained_model_dir
 
+    missing = [
+        name for name in ("datasets", "accelerate") if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        print(
+            f"train-reranker needs {' and '.join(missing)} (the 'train' extra): "
+            "pip install -e '.[train]'",
+            file=sys.stderr,
+        )
+        return 2
     work = settings.home / "reranker-train"
     config = rt.TrainConfig(
         steps=args.steps,
