@@ -9,6 +9,12 @@ timeout), and the body is still the full ``AgentAnswer``: its ``error`` member
 (``{"code", "message", "status_code"}``) *is* the error envelope, and ``usage``, ``cost`` and
 ``tool_calls`` still tell what the run spent.
 
+Conversations (``serve_app.threads``): ``conversation_id`` continues one of the caller's
+conversations (``404`` if it is not one, ``409`` ``conversation_full`` at
+``CONVERSATION_MAX_TURNS``, both before any model call); without it the question starts a
+new one. The finished run is stored as one turn before its answer is sent, and the answer
+(JSON, or ``done``) carries ``conversation_id`` and ``turn``.
+
 SSE (``stream=true``): once auth, validation and the model override pass, the response is
 ``200 text/event-stream`` and the run's outcome travels in the stream: ``progress``
 (``{"stage", ...}``: ``started`` at once with the answering ``model``, then ``model`` per model
@@ -34,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
@@ -60,6 +67,7 @@ from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_respons
 from serve_app.api.middleware import current_request_id
 from serve_app.backend import AskParams, BackendError, BackendTimeout
 from serve_app.model_override import check_model_override
+from serve_app.threads import AskResponse, open_thread
 
 SESSION_HEADER = "x-session-id"  # optional: groups a conversation's traces (session.id)
 
@@ -130,6 +138,11 @@ class AskRequest(BaseModel):
         default=None,
         description="Answer-model override: MODEL_OVERRIDE_MIN_ROLE or above (else 403), "
         "and in ALLOWED_MODELS when that is set (else 400).",
+    )
+    conversation_id: Annotated[uuid.UUID, Field(strict=False)] | None = Field(
+        default=None,
+        description="Continue this conversation of the caller's (else 404; full: 409). "
+        "Omitted: the question starts a new one. See serve_app.threads.",
     )
 
 
@@ -299,8 +312,8 @@ _SSE_EVENT: dict[str, Any] = {
             {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
         ),
         _sse_event("citation", _ref("CitationOut")),
-        _sse_event("done", _ref("AgentAnswer")),
-        _sse_event("error", {"anyOf": [_ref("AgentAnswer"), _ref("ErrorEnvelope")]}),
+        _sse_event("done", _ref("AskResponse")),
+        _sse_event("error", {"anyOf": [_ref("AskResponse"), _ref("ErrorEnvelope")]}),
     ]
 }
 _SSE_STREAM: dict[str, Any] = {
@@ -345,12 +358,12 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {"schema": _ANSWER_OR_ENVELOPE}},
     },
 }
-_ASK_RESPONSES.update(error_responses(400, 401, 403, 413, 422, 429, 500))
+_ASK_RESPONSES.update(error_responses(400, 401, 403, 404, 409, 413, 422, 429, 500))
 
 
 @router.post(
     "/ask",
-    response_model=AgentAnswer,
+    response_model=AskResponse,
     responses=_ASK_RESPONSES,
     summary="Ask a question (JSON or Server-Sent Events)",
 )
@@ -373,9 +386,18 @@ async def ask(
             session_id=request.headers.get(SESSION_HEADER),
         ),
     )
+    thread = await open_thread(
+        backend.conversations,
+        user,
+        body.question,
+        body.conversation_id,
+        max_turns=settings.conversation_max_turns,
+    )
     if body.stream:
         events = within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds)
-        return EventSourceResponse(sse_events(events, current_request_id()), ping=SSE_PING_SECONDS)
-    answer = await backend.ask(user, params)
+        return EventSourceResponse(
+            sse_events(thread.recording(events), current_request_id()), ping=SSE_PING_SECONDS
+        )
+    answer = await thread.record(await backend.ask(user, params))
     status = provider_error_status(answer) if answer.decision == "provider_error" else 200
     return JSONResponse(answer.model_dump(mode="json"), status_code=status)

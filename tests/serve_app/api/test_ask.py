@@ -91,10 +91,12 @@ def app_for(backend: LocalBackend, settings: Settings, authorizer: CedarAuthoriz
 
 
 def without_durations(answer: dict[str, Any]) -> dict[str, Any]:
-    """What two runs of the same script share: not timings, not the (per-request) trace id."""
+    """What two runs of the same script share: not timings, not the (per-request) trace id,
+    not the conversation each started."""
     copy = dict(answer)
     copy["tool_calls"] = [{**c, "duration_ms": 0} for c in answer["tool_calls"]]
     assert isinstance(copy.pop("trace_id"), str)
+    assert isinstance(copy.pop("conversation_id"), str)
     return copy
 
 

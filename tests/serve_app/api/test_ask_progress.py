@@ -118,4 +118,6 @@ async def test_the_json_answer_has_no_progress(fake_app: Any, asgi_client: Any) 
     app, _ = fake_app()
     response = await asgi_client(app).post("/ask", json={"question": "hi"}, headers=NORTHWIND_STAFF)
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
-    assert set(response.json()) == set(answer().model_dump(mode="json"))
+    # the agent's answer and where it was stored (serve_app.threads)
+    expected = set(answer().model_dump(mode="json")) | {"conversation_id", "turn"}
+    assert set(response.json()) == expected

@@ -1,0 +1,112 @@
+"""Conversations behind the Serve ``Ingress``: ``ServeBackend`` (fake ``AgentLoop`` handles,
+no Ray) with the conversation store the Ingress builds for itself (``LazyConversationStore``
+on the real embedded PostgreSQL), under the real FastAPI app over ASGI. A thread started by
+a JSON ``/ask`` continues over SSE, each turn stored once and read back whole; the Ingress's
+pool is closed with the backend."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from deployments.ingress import ServeBackend
+from foundation.settings import Settings
+from local_world.claims import encode_claims
+from serve_app.api.app import create_app
+from serve_app.authz import load_authorizer
+from serve_app.threads import LazyConversationStore
+
+pytestmark = pytest.mark.integration
+
+NINA = {"x-gateway-claims": encode_claims("nina", [("northwind", "business_staff")])}
+
+
+def _answer(text: str) -> AgentAnswer:
+    return AgentAnswer(answer=text, decision="answered", model="local/scripted", trace_id="t1")
+
+
+class _Answer:
+    def __init__(self) -> None:
+        self.questions: list[str] = []
+
+    def remote(self, question: str, *args: Any) -> Any:
+        self.questions.append(question)
+
+        async def respond() -> AgentAnswer:
+            return _answer(f"answer to {question}")
+
+        return respond()
+
+
+class _Events:
+    def __init__(self, events: list[AgentEvent]) -> None:
+        self._events = iter(events)
+        self.cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[AgentEvent]:
+        return self
+
+    async def __anext__(self) -> AgentEvent:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Stream:
+    def remote(self, question: str, *args: Any) -> _Events:
+        text = f"answer to {question}"
+        return _Events([TokenEvent(text=text), DoneEvent(response=_answer(text))])
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.answer = _Answer()
+        self.stream = _Stream()
+
+    def options(self, **_: Any) -> _Handle:
+        return self
+
+
+async def test_a_thread_through_the_serve_ingress(db_url: str, tmp_path: Path) -> None:
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        agent_service_home=tmp_path,
+        database_url=db_url,
+        llm_api_key="unused",
+    )
+    handle: Any = _Handle()
+    backend = ServeBackend(handle, settings)
+    assert isinstance(backend.conversations, LazyConversationStore)  # its own, opened lazily
+    app = create_app(backend, settings, load_authorizer())
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as http:
+            first = await http.post("/ask", json={"question": "one"}, headers=NINA)
+            assert first.status_code == 200, first.text
+            ident = first.json()["conversation_id"]
+            assert uuid.UUID(ident) and first.json()["turn"] == 1
+            second = await http.post(
+                "/ask",
+                json={"question": "two", "conversation_id": ident, "stream": True},
+                headers=NINA,
+            )
+            assert '"turn":2' in second.text and f'"conversation_id":"{ident}"' in second.text
+            thread = (await http.get(f"/conversations/{ident}", headers=NINA)).json()
+            assert [(t["turn"], t["question"], t["answer"]) for t in thread["turns"]] == [
+                (1, "one", "answer to one"),
+                (2, "two", "answer to two"),
+            ]
+            assert (await http.delete(f"/conversations/{ident}", headers=NINA)).status_code == 204
+    finally:
+        await backend.close()
+    assert handle.answer.questions == ["one"]
