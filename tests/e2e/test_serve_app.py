@@ -250,6 +250,38 @@ def test_sse_streams_events_in_order_and_done_matches_json(
     assert set(done) == set(json_body)
 
 
+def test_a_conversation_continues_through_the_ingress_and_reads_back(stack: Stack) -> None:
+    """The Ingress replica opens its own pool and stores each turn where the answer leaves:
+    a JSON turn, then a streamed one in the same thread, read back; another caller gets the
+    unknown id's 404."""
+    stack.llm.script({"text": "Turn one answered."}, key="conversation turn one")
+    first = httpx.post(
+        f"{stack.url}/ask", json={"question": "conversation turn one"}, headers=STAFF, timeout=60
+    ).json()
+    ident = first["conversation_id"]
+    assert first["turn"] == 1 and ident
+    stack.llm.script({"text": "Turn two answered."}, key="conversation turn two")
+    with httpx.stream(
+        "POST",
+        f"{stack.url}/ask",
+        json={"question": "conversation turn two", "stream": True, "conversation_id": ident},
+        headers=STAFF,
+        timeout=60,
+    ) as resp:
+        data = [json.loads(line[5:]) for line in resp.iter_lines() if line.startswith("data:")]
+    assert (data[-1]["conversation_id"], data[-1]["turn"]) == (ident, 2)
+    thread = httpx.get(f"{stack.url}/conversations/{ident}", headers=STAFF, timeout=30).json()
+    assert [(t["turn"], t["answer"]) for t in thread["turns"]] == [
+        (1, "Turn one answered."),
+        (2, "Turn two answered."),
+    ]
+    theirs = httpx.get(f"{stack.url}/conversations/{ident}", headers=ADMIN, timeout=30)
+    assert theirs.status_code == 404
+    assert theirs.json() == {"error": {"code": "not_found", "message": f"no conversation {ident}"}}
+    gone = httpx.delete(f"{stack.url}/conversations/{ident}", headers=STAFF, timeout=30)
+    assert gone.status_code == 204
+
+
 def test_model_override_is_role_gated_and_allow_listed(stack: Stack) -> None:
     forbidden = httpx.post(
         f"{stack.url}/ask",
