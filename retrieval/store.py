@@ -13,6 +13,7 @@ rank in each list; fusion (RRF) happens in Python (``retrieval.fusion``).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -234,6 +235,18 @@ def session_settings(ef_search: int) -> dict[str, str]:
     }
 
 
+_DASH_RUN = re.compile(r"-{2,}")
+_LONE_DASH = re.compile(r"-(?!\w)")
+
+
+def keyword_query_text(text: str) -> str:
+    """``text`` as ``websearch_to_tsquery`` may parse it: a run of dashes, or dashes that
+    negate nothing ("- - -", a Markdown rule), nest its NOT operators until PostgreSQL fails
+    with "tsquery stack too small" (from about 100). A single dash before a word still
+    negates it; "CV-E1033" and "plug-in" are untouched."""
+    return _LONE_DASH.sub(" ", _DASH_RUN.sub("-", text))
+
+
 class PgDocumentStore:
     def __init__(
         self, pool: asyncpg.Pool, *, keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS
@@ -371,7 +384,7 @@ class PgDocumentStore:
         # PostgreSQL text cannot hold U+0000 (the statement would fail): an entry holding one
         # can match no stored ACL, so it is dropped; in the query it separates words.
         held = [PUBLIC_ACL_SENTINEL, *(entry for entry in acl if "\x00" not in entry)]
-        query_text = query_text.replace("\x00", " ")
+        query_text = keyword_query_text(query_text.replace("\x00", " "))
         rows = await self._pool.fetch(
             HYBRID_SQL,
             query_vector,

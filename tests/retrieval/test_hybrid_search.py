@@ -224,6 +224,28 @@ async def test_a_negated_word_keeps_and_semantics(retriever: HybridRetriever) ->
             assert "cooldown" in text and "alert" not in text
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "how long is the alert cooldown " + "-" * 300,
+        ("alert cooldown\n" + "- " * 60 + "\n") * 4,
+        "-" * 5000,
+    ],
+    ids=["dash-run", "spaced-dashes", "only-dashes"],
+)
+async def test_dash_runs_are_searched_not_a_postgres_error(
+    retriever: HybridRetriever, query: str
+) -> None:
+    """websearch_to_tsquery nests a NOT per dash and fails past ~100 ("tsquery stack too
+    small"): a pasted Markdown rule or a row of dashes is text, not an error."""
+    vec = await retriever.embed_query(query)
+    held = caller_entries(["standard_customer"], [])
+    cands = await retriever.store.hybrid_candidates(query, vec, held, k_vector=5, k_keyword=20)
+    assert len(cands) >= 5  # the vector side at least; no exception
+    if "cooldown" in query:
+        assert any(c.keyword_rank is not None for c in cands)
+
+
 async def _keyword_hits(
     store: PgDocumentStore, query: str, vec: np.ndarray[Any, np.dtype[np.float32]]
 ) -> list[str]:
