@@ -335,9 +335,9 @@ def parse_dataset(path: Path, raw: object) -> Dataset:
     return Dataset(files=(path,), description=parsed.description, cases=cases)
 
 
-def load_dataset(path: Path | str) -> Dataset:
-    """Read and validate one dataset file; raises ``DatasetError``."""
-    path = Path(path)
+def read_yaml(path: Path) -> object:
+    """A YAML file's data (safe loading; a key repeated in one mapping is an error);
+    ``DatasetError`` naming the file when it is missing, unreadable or not YAML."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -345,11 +345,16 @@ def load_dataset(path: Path | str) -> Dataset:
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError([f"{path}: cannot read ({exc})"]) from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).replace(' in "<unicode string>"', "").split())
         raise DatasetError([f"{path}: not valid YAML: {detail}"]) from None
-    return parse_dataset(path, raw)
+
+
+def load_dataset(path: Path | str) -> Dataset:
+    """Read and validate one dataset file; raises ``DatasetError``."""
+    path = Path(path)
+    return parse_dataset(path, read_yaml(path))
 
 
 def load_datasets(paths: Sequence[Path | str]) -> Dataset:

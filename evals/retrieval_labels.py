@@ -28,10 +28,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from evals.dataset import ROW_ID_PATTERN, DatasetError, _UniqueKeyLoader
+from evals.dataset import ROW_ID_PATTERN, DatasetError, read_yaml
 from foundation.acl import caller_entries, is_visible, parse_acl
 from foundation.settings import DEFAULT_DOC_ROOTS
 from retrieval.chunking import (
@@ -229,7 +228,7 @@ def load_quality_dataset(path: Path | str, *, repo_root: Path | None = None) -> 
     one line per problem. ``repo_root`` (default: the folder above ``evals/datasets``) is
     where the file's ``docs`` folder and the default ``DOC_ROOTS`` are."""
     path = Path(path)
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     try:
         model = _FileModel.model_validate(raw)
     except ValidationError as exc:
@@ -253,20 +252,6 @@ def load_quality_dataset(path: Path | str, *, repo_root: Path | None = None) -> 
     if problems:
         raise DatasetError(problems)
     return QualityDataset(path=path, corpus=corpus, rows=tuple(rows))
-
-
-def _read_yaml(path: Path) -> object:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError([f"{path}: no such file"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError([f"{path}: cannot read ({exc})"]) from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        detail = " ".join(str(exc).replace(' in "<unicode string>"', "").split())
-        raise DatasetError([f"{path}: not valid YAML: {detail}"]) from None
 
 
 def _pydantic_problem(path: Path, raw: object, error: Mapping[str, Any]) -> str:
