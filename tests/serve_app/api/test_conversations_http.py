@@ -20,7 +20,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -45,7 +45,6 @@ from serve_app.api.app import create_app
 from serve_app.authz import CedarAuthorizer
 from serve_app.local_backend import LocalBackend
 from serve_app.threads import NOT_STORED_NOTE
-from serve_app.wiring import build_local_backend
 
 pytestmark = pytest.mark.integration
 
@@ -70,30 +69,15 @@ def settings(make_settings: Callable[..., Settings], db_url: str) -> Callable[..
 
 
 @pytest.fixture
-async def backends(authorizer: CedarAuthorizer) -> AsyncIterator[Callable[..., LocalBackend]]:
-    built: list[LocalBackend] = []
-
-    def make(settings: Settings, **kwargs: Any) -> LocalBackend:
-        backend = build_local_backend(settings, authorizer=authorizer, **kwargs)
-        built.append(backend)
-        return backend
-
-    yield make
-    for backend in built:
-        if not getattr(backend, "_served", False):
-            await backend.close()
-
-
-@pytest.fixture
 def client(
     settings: Callable[..., Settings],
-    backends: Callable[..., LocalBackend],
+    make_backend: Callable[..., LocalBackend],
     authorizer: CedarAuthorizer,
     asgi_client: Callable[..., httpx.AsyncClient],
 ) -> Callable[..., httpx.AsyncClient]:
     def make(**overrides: Any) -> httpx.AsyncClient:
         s = settings(**overrides)
-        return asgi_client(create_app(backends(s), s, authorizer))
+        return asgi_client(create_app(make_backend(s), s, authorizer))
 
     return make
 
@@ -336,13 +320,13 @@ class PacedModel:
 
 async def test_a_thread_deleted_mid_stream_ends_with_a_409_error_and_nothing_stored(
     settings: Callable[..., Settings],
-    backends: Callable[..., LocalBackend],
+    make_backend: Callable[..., LocalBackend],
     serve_local: Callable[..., str],
     db_url: str,
 ) -> None:
     s = settings()
     model = PacedModel()
-    url = serve_local(s, backends(s, llm=FunctionModel(model.reply, model="local/paced")))
+    url = serve_local(s, make_backend(s, llm=FunctionModel(model.reply, model="local/paced")))
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         model.release.set()
         first = await http.post("/ask", json={"question": Q1}, headers=NORTHWIND_STAFF)
@@ -372,13 +356,13 @@ async def test_a_thread_deleted_mid_stream_ends_with_a_409_error_and_nothing_sto
 async def test_a_client_that_disconnects_mid_stream_leaves_no_turn(
     continued: bool,
     settings: Callable[..., Settings],
-    backends: Callable[..., LocalBackend],
+    make_backend: Callable[..., LocalBackend],
     serve_local: Callable[..., str],
     db_url: str,
 ) -> None:
     s = settings()
     model = PacedModel()
-    spy = SpyBackend(backends(s, llm=FunctionModel(model.reply, model="local/paced")))
+    spy = SpyBackend(make_backend(s, llm=FunctionModel(model.reply, model="local/paced")))
     url = serve_local(s, spy)
     body: dict[str, Any] = {"question": Q2, "stream": True}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
