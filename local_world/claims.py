@@ -43,7 +43,8 @@ class Claims:
     @property
     def role_weight(self) -> int:
         """The highest weight among the caller's roles (0 when none is known)."""
-        return max((ROLE_WEIGHTS.get(role, 0) for role in self.roles), default=0)
+        # Role names fold case as the service's do (``AuthUser.role_weight``).
+        return max((ROLE_WEIGHTS.get(role.strip().lower(), 0) for role in self.roles), default=0)
 
     @property
     def is_admin(self) -> bool:

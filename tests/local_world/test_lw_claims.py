@@ -86,6 +86,16 @@ def test_role_weights_come_from_the_fleet_file() -> None:
     }
 
 
+def test_role_and_domain_names_fold_case_as_the_service_does() -> None:
+    from foundation.identity import AuthUser
+
+    header = encode_claims("root", [("Acme", "ADMIN")])
+    claims, user = parse_claims(header), AuthUser.from_claims_header(header)
+    assert claims.role_weight == user.role_weight == ROLE_WEIGHTS["admin"]
+    assert claims.is_admin and user.is_admin
+    assert claims.domains == user.domains == ("acme",)
+
+
 def test_admin_sees_every_domain_others_only_their_own() -> None:
     admin = parse_claims(encode_claims("root", [("acme", "admin")]))
     assert admin.is_admin
