@@ -194,10 +194,16 @@ class Agent:
         *,
         model: str | None = None,
         top_k: int | None = None,
+        history: Sequence[Message] = (),
     ) -> AgentAnswer:
-        """Run the loop to completion (non-streaming model calls)."""
+        """Run the loop to completion (non-streaming model calls). ``history``: earlier
+        turns of the conversation, ``user`` and ``assistant`` text messages oldest first,
+        sent between the system prompt and the question as they are (the caller fits them
+        to its token budget: ``serve_app.history``)."""
         done: AgentAnswer | None = None
-        events = self._run(question, user, model=model, top_k=top_k, streaming=False)
+        events = self._run(
+            question, user, model=model, top_k=top_k, streaming=False, history=history
+        )
         async with aclosing(events):
             async for event in events:
                 if isinstance(event, DoneEvent):
@@ -213,10 +219,14 @@ class Agent:
         *,
         model: str | None = None,
         top_k: int | None = None,
+        history: Sequence[Message] = (),
     ) -> AsyncIterator[AgentEvent]:
         """Run the loop, yielding tool/token/citation events and finally one done event.
-        Closing the stream early (``aclose``, a client disconnect) cancels running tools."""
-        events = self._run(question, user, model=model, top_k=top_k, streaming=True)
+        Closing the stream early (``aclose``, a client disconnect) cancels running tools.
+        ``history`` as for ``answer``."""
+        events = self._run(
+            question, user, model=model, top_k=top_k, streaming=True, history=history
+        )
         async with aclosing(events):
             async for event in events:
                 yield event
@@ -231,6 +241,7 @@ class Agent:
         model: str | None,
         top_k: int | None,
         streaming: bool,
+        history: Sequence[Message] = (),
     ) -> AsyncGenerator[AgentEvent, None]:
         """The loop inside its run trace (``agent.answer``), started on the first event."""
         answering = model or self.llm.default_model
@@ -244,7 +255,13 @@ class Agent:
             mode=self.mode,
         )
         loop = self._loop(
-            question, user, model=model, top_k=top_k, streaming=streaming, trace=trace
+            question,
+            user,
+            model=model,
+            top_k=top_k,
+            streaming=streaming,
+            trace=trace,
+            history=history,
         )
         # ``started`` goes out before any work, so a caller hears back at once.
         events = trace.observe(prepend(ProgressEvent(stage="started", model=answering), loop))
@@ -261,6 +278,7 @@ class Agent:
         top_k: int | None,
         streaming: bool,
         trace: RunTrace,
+        history: Sequence[Message] = (),
     ) -> AsyncGenerator[AgentEvent, None]:
         specs = self.tools.specs()
         run = Run(
@@ -269,6 +287,7 @@ class Agent:
             usage=RunUsage(prices=self.prices),
             messages=[
                 Message("system", self.prompt.render(self.mode, specs)),
+                *history,  # after the system prompt: its prompt-cache prefix stays the same
                 Message("user", question),
             ],
             trace_id=trace.trace_id,
