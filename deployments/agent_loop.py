@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ray import serve
@@ -16,7 +16,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.llm.base import ToolCall, ToolSpec
+from agent.llm.base import Message, ToolCall, ToolSpec
 from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
 from deployments.metrics import RayServeMetrics
@@ -132,9 +132,12 @@ class AgentLoopDeployment:
         model: str | None,
         top_k: int | None,
         trace_context: dict[str, str] | None = None,
+        history: Sequence[Message] = (),
     ) -> AgentAnswer:
         with use_context(trace_context):
-            answer = await self.agent.answer(question, user, model=model, top_k=top_k)
+            answer = await self.agent.answer(
+                question, user, model=model, top_k=top_k, history=history
+            )
         self.metrics.record(answer_measurements(answer))
         return answer
 
@@ -145,11 +148,13 @@ class AgentLoopDeployment:
         model: str | None,
         top_k: int | None,
         trace_context: dict[str, str] | None = None,
+        history: Sequence[Message] = (),
     ) -> AsyncIterator[AgentEvent]:
         # Called through a streaming handle; a client disconnect cancels this generator
         # (and, through the loop, the running tools).
         with use_context(trace_context):
-            async for event in self.agent.stream(question, user, model=model, top_k=top_k):
+            stream = self.agent.stream(question, user, model=model, top_k=top_k, history=history)
+            async for event in stream:
                 if isinstance(event, DoneEvent):
                     self.metrics.record(answer_measurements(event.response))
                 yield event

@@ -121,7 +121,12 @@ class ServeBackend:
         # Our own deadline, below Serve's request_timeout_s, so a slow run ends with the
         # error envelope (504) rather than the proxy's plain-text timeout.
         response = self._agent.answer.remote(
-            params.question, user, params.model, params.top_k, params.trace_context
+            params.question,
+            user,
+            params.model,
+            params.top_k,
+            params.trace_context,
+            params.history,
         )
         try:
             async with asyncio.timeout(self._settings.ask_timeout_seconds):
@@ -144,7 +149,12 @@ class ServeBackend:
         gen = cast(
             DeploymentResponseGenerator[Any],
             self._stream.stream.remote(
-                params.question, user, params.model, params.top_k, params.trace_context
+                params.question,
+                user,
+                params.model,
+                params.top_k,
+                params.trace_context,
+                params.history,
             ),
         )
         try:

@@ -43,6 +43,10 @@ def _split_csv(value: object) -> object:
 
 CsvList = Annotated[list[str], NoDecode]
 
+# Earlier turns sent with a follow-up, by tool-calling mode (HISTORY_MAX_TOKENS unset): the
+# small local models (json_schema) read prompts slowly and have a 4096-token context.
+HISTORY_MAX_TOKENS_BY_MODE: dict[str, int] = {"json_schema": 256, "native": 4000}
+
 
 class SettingsError(ValueError):
     """Raised when the environment holds an invalid setting; the message names the variable."""
@@ -258,6 +262,15 @@ class Settings(BaseSettings):
         description="Turns one conversation may hold; a question asked in a full one is a "
         "409 `conversation_full` before any model call (start a new conversation).",
     )
+    history_max_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Tokens of earlier turns sent with a follow-up question (newest whole "
+        "turns first; serve_app.history). Unset: 256 in json_schema mode (the small local "
+        "models: a 4096-token context, ~40 prompt tokens/s on 2 cores), 4000 in native mode. "
+        "0: no history.",
+    )
 
     # --- observability ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -382,6 +395,13 @@ class Settings(BaseSettings):
         if self.tool_timeout_seconds is not None:
             return self.tool_timeout_seconds
         return max(30.0, 4 * self.twin_timeout_seconds)
+
+    @property
+    def resolved_history_max_tokens(self) -> int:
+        """HISTORY_MAX_TOKENS, or the tool-calling mode's default when unset."""
+        if self.history_max_tokens is not None:
+            return self.history_max_tokens
+        return HISTORY_MAX_TOKENS_BY_MODE[self.tool_calling_mode]
 
     @property
     def is_local_llm(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.answer import AgentAnswer, AgentEvent
+from agent.llm.base import Message
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from serve_app.readiness import Readiness
@@ -25,6 +26,8 @@ class AskParams:
     model: str | None = None  # already checked against the override policy by the route
     top_k: int | None = None
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent carrier
+    # Earlier turns of the conversation, fitted to HISTORY_MAX_TOKENS (serve_app.history)
+    history: tuple[Message, ...] = ()
 
 
 class IngestRequest(BaseModel):

@@ -111,13 +111,21 @@ class LocalBackend:
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         with use_context(params.trace_context):
             return await self.agent.answer(
-                params.question, user, model=params.model, top_k=params.top_k
+                params.question,
+                user,
+                model=params.model,
+                top_k=params.top_k,
+                history=params.history,
             )
 
     async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
         with use_context(params.trace_context):
             events = self.agent.stream(
-                params.question, user, model=params.model, top_k=params.top_k
+                params.question,
+                user,
+                model=params.model,
+                top_k=params.top_k,
+                history=params.history,
             )
             try:
                 async for event in events:

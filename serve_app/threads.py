@@ -4,7 +4,8 @@ run is stored as one whole turn.
 Before the run (``open_thread``): a ``conversation_id`` must name one of the caller's
 conversations (else ``ConversationNotFound``, 404, the same message for an unknown id and
 another caller's) that is not full (else ``ConversationFullError``, 409), so a refused
-question spends no model call. Without one, the run starts a new conversation.
+question spends no model call; its newest turns that fit in ``HISTORY_MAX_TOKENS`` become
+the run's history (``serve_app.history``). Without one, the run starts a new conversation.
 
 Where the write happens, and why a disconnect cannot leave half a turn: the turn is written
 once the run has finished, when its final answer (the JSON answer, or the stream's ``done``
@@ -41,6 +42,7 @@ import asyncpg
 from pydantic import Field
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
+from agent.llm.base import Message
 from conversations.store import (
     Citation,
     Conversation,
@@ -64,6 +66,7 @@ from serve_app.backend import (
     ConversationNotFound,
     ConversationsUnavailable,
 )
+from serve_app.history import history_messages
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +219,7 @@ class Thread:
     question: str
     conversation_id: uuid.UUID | None
     max_turns: int
+    history: tuple[Message, ...] = ()  # what the model is given of the earlier turns
 
     def _response(
         self,
@@ -308,20 +312,26 @@ async def open_thread(
     conversation_id: uuid.UUID | None,
     *,
     max_turns: int,
+    history_max_tokens: int = 0,
 ) -> Thread:
     """The ``/ask``'s thread, checked before any model call: ``ConversationNotFound`` (not
     the caller's), ``ConversationFullError`` (``max_turns`` reached), or
-    ``ConversationsUnavailable`` (the database is down) for an existing conversation."""
+    ``ConversationsUnavailable`` (the database is down) for an existing conversation, whose
+    newest turns within ``history_max_tokens`` become the thread's ``history``."""
+    history: tuple[Message, ...] = ()
     if conversation_id is not None:
-        conversation = await store.get(user.sub, conversation_id)
-        if conversation is None:
+        found = await store.read(user.sub, conversation_id)
+        if found is None:
             raise ConversationNotFound(not_found_message(conversation_id))
+        conversation, turns = found
         if conversation.turn_count >= max_turns:
             raise ConversationFullError(full_message(conversation_id, max_turns))
+        history = history_messages(turns, max_tokens=history_max_tokens)
     return Thread(
         store=store,
         owner=user.sub,
         question=question,
         conversation_id=conversation_id,
         max_turns=max_turns,
+        history=history,
     )

@@ -260,7 +260,8 @@ def test_a_conversation_continues_through_the_ingress_and_reads_back(stack: Stac
     ).json()
     ident = first["conversation_id"]
     assert first["turn"] == 1 and ident
-    stack.llm.script({"text": "Turn two answered."}, key="conversation turn two")
+    # a follow-up's first user message is the thread's first question (its history)
+    stack.llm.script({"text": "Turn two answered."}, key="conversation turn one")
     with httpx.stream(
         "POST",
         f"{stack.url}/ask",

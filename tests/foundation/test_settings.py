@@ -38,6 +38,7 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("API_PREFIX", "agent"),
         ("CONVERSATION_MAX_TURNS", "0"),
         ("CONVERSATION_MAX_TURNS", "lots"),
+        ("HISTORY_MAX_TOKENS", "-1"),
     ],
 )
 def test_bad_values_name_the_variable(
@@ -95,3 +96,10 @@ def test_embedding_dim_required_for_other_models(monkeypatch: pytest.MonkeyPatch
 def test_cross_encoder_needs_model(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SettingsError, match="RERANKER_MODEL"):
         _load(monkeypatch, RERANKER="cross-encoder")
+
+
+def test_history_budget_follows_the_tool_calling_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _load(monkeypatch).resolved_history_max_tokens == 4000
+    assert _load(monkeypatch, TOOL_CALLING_MODE="json_schema").resolved_history_max_tokens == 256
+    set_ = _load(monkeypatch, TOOL_CALLING_MODE="json_schema", HISTORY_MAX_TOKENS="0")
+    assert set_.resolved_history_max_tokens == 0

@@ -13,7 +13,8 @@ Conversations (``serve_app.threads``): ``conversation_id`` continues one of the 
 conversations (``404`` if it is not one, ``409`` ``conversation_full`` at
 ``CONVERSATION_MAX_TURNS``, both before any model call); without it the question starts a
 new one. The finished run is stored as one turn before its answer is sent, and the answer
-(JSON, or ``done``) carries ``conversation_id`` and ``turn``.
+(JSON, or ``done``) carries ``conversation_id`` and ``turn``. The conversation's newest turns
+that fit in ``HISTORY_MAX_TOKENS`` go to the model with the question (``serve_app.history``).
 
 SSE (``stream=true``): once auth, validation and the model override pass, the response is
 ``200 text/event-stream`` and the run's outcome travels in the stream: ``progress``
@@ -376,6 +377,14 @@ async def ask(
     authorizer: AuthorizerDep,
 ) -> Response:
     model = check_model_override(user, body.model, settings, authorizer)
+    thread = await open_thread(
+        backend.conversations,
+        user,
+        body.question,
+        body.conversation_id,
+        max_turns=settings.conversation_max_turns,
+        history_max_tokens=settings.resolved_history_max_tokens,
+    )
     params = AskParams(
         question=body.question,
         model=None if model == settings.answer_model else model,
@@ -385,13 +394,7 @@ async def ask(
             user_id=user.sub,
             session_id=request.headers.get(SESSION_HEADER),
         ),
-    )
-    thread = await open_thread(
-        backend.conversations,
-        user,
-        body.question,
-        body.conversation_id,
-        max_turns=settings.conversation_max_turns,
+        history=thread.history,
     )
     if body.stream:
         events = within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds)

@@ -117,7 +117,9 @@ async def test_a_two_turn_thread_over_json_and_sse_reads_back_whole(
     ident, trace_id = body["conversation_id"], body["trace_id"]
     assert ident and body["turn"] == 1 and body["decision"] == "answered"
 
-    script_building_turn(llm, Q2, "It is at 12 Quay Road.")
+    # The scripted server picks a script by the request's first user message: in a
+    # follow-up that is the thread's first question (the history comes first).
+    script_building_turn(llm, Q1, "It is at 12 Quay Road.")
     streamed = await http.post(
         "/ask",
         json={"question": Q2, "stream": True, "conversation_id": ident},
@@ -128,6 +130,12 @@ async def test_a_two_turn_thread_over_json_and_sse_reads_back_whole(
     assert name == "done", events
     assert (done["conversation_id"], done["turn"]) == (ident, 2)
     assert done["answer"] == "It is at 12 Quay Road."
+    follow_up = llm.chat_requests(Q1)[-2].body["messages"]  # turn 2's first model call
+    assert [(m["role"], m.get("content")) for m in follow_up[1:4]] == [
+        ("user", Q1),
+        ("assistant", "Harbor Warehouse is in Northwind."),
+        ("user", Q2),
+    ]
 
     thread = (await http.get(f"/conversations/{ident}", headers=NORTHWIND_STAFF)).json()
     assert (thread["id"], thread["turn_count"], thread["title"]) == (ident, 2, Q1)
