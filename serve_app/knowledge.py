@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from retrieval.store import (
     StoredDocument,
     WriteOutcome,
 )
+from serve_app.lazy import OpenedOnFirstUse
 
 
 async def connect_store(settings: Settings, url: str) -> PgDocumentStore:
@@ -38,12 +38,11 @@ class LazyStore:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._url: str | None = None
-        self._store: PgDocumentStore | None = None
-        self._lock = asyncio.Lock()
+        self._store = OpenedOnFirstUse(self._connect)
 
     @property
     def opened(self) -> PgDocumentStore | None:
-        return self._store
+        return self._store.opened
 
     async def url(self) -> str:
         """DATABASE_URL, or the embedded server's (started on demand, once)."""
@@ -51,13 +50,11 @@ class LazyStore:
             self._url = await resolve_database_url(self._settings)
         return self._url
 
+    async def _connect(self) -> PgDocumentStore:
+        return await connect_store(self._settings, await self.url())
+
     async def get(self) -> PgDocumentStore:
-        if self._store is not None:
-            return self._store
-        async with self._lock:
-            if self._store is None:
-                self._store = await connect_store(self._settings, await self.url())
-            return self._store
+        return await self._store.get()
 
     async def documents(self) -> dict[str, StoredDocument]:
         return await (await self.get()).documents()
@@ -89,9 +86,7 @@ class LazyStore:
         return await (await self.get()).counts()
 
     async def close(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
+        await self._store.close()
 
 
 __all__ = ["LazyStore", "connect_store"]

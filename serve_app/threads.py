@@ -67,6 +67,7 @@ from serve_app.backend import (
     ConversationsUnavailable,
 )
 from serve_app.history import history_messages
+from serve_app.lazy import OpenedOnFirstUse
 
 log = logging.getLogger(__name__)
 
@@ -108,25 +109,19 @@ class LazyConversationStore:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._store: PgConversationStore | None = None
-        self._lock = asyncio.Lock()
+        self._store = OpenedOnFirstUse(self._connect)
 
-    async def _open(self) -> PgConversationStore:
-        if self._store is not None:
-            return self._store
-        async with self._lock:
-            if self._store is None:
-                settings = self._settings
-                self._store = await PgConversationStore.connect(
-                    await resolve_database_url(settings),
-                    min_size=settings.db_pool_min_size,
-                    max_size=settings.db_pool_max_size,
-                )
-            return self._store
+    async def _connect(self) -> PgConversationStore:
+        settings = self._settings
+        return await PgConversationStore.connect(
+            await resolve_database_url(settings),
+            min_size=settings.db_pool_min_size,
+            max_size=settings.db_pool_max_size,
+        )
 
     async def _call(self, use: Callable[[PgConversationStore], Awaitable[T]]) -> T:
         try:
-            return await use(await self._open())
+            return await use(await self._store.get())
         except DATABASE_FAILURES as exc:
             log.warning("conversation store: %s: %s", type(exc).__name__, exc)
             raise ConversationsUnavailable(UNAVAILABLE_MESSAGE, retry_after=5) from None
@@ -158,9 +153,7 @@ class LazyConversationStore:
         return await self._call(lambda s: s.delete(owner, conversation_id))
 
     async def close(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
+        await self._store.close()
 
 
 # --- /ask in a thread ------------------------------------------------------------------------
