@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
+from agent.followups import Rewrite
 from agent.llm.base import (
     ChatRequest,
     ChatResult,
@@ -221,6 +222,19 @@ class RunTrace:
     @property
     def trace_id(self) -> str | None:
         return trace_id_of(self.context)
+
+    def rewrite(self, rewrite: Rewrite, rewriter: str) -> None:
+        """A follow-up's standalone query on the run's span: which rule and rewriter, always;
+        the query itself (request content) only with payloads on."""
+        set_attributes(
+            self.root,
+            {
+                attr.AGENT_QUERY_REWRITER: rewriter,
+                attr.AGENT_QUERY_REWRITE_RULE: rewrite.rule,
+                attr.AGENT_QUERY_REWRITTEN: rewrite.rewritten,
+            },
+        )
+        self.observer.payload(self.root, attr.AGENT_QUERY_STANDALONE, rewrite.query)
 
     @contextmanager
     def hop(self, number: int) -> Iterator[otel_context.Context]:

@@ -49,6 +49,12 @@ from agent.citations import (
     snippet,
 )
 from agent.finishing import Finisher
+from agent.followups import (
+    DeterministicRewriter,
+    PriorTurn,
+    QueryRewriter,
+    prior_turns_from_history,
+)
 from agent.grounding import ungrounded
 from agent.instrumented import InstrumentedLLM, RunTrace
 from agent.llm.base import (
@@ -137,9 +143,12 @@ class Agent:
         config: AgentConfig | None = None,
         prompt: SystemPrompt | None = None,
         prices: PriceTable | None = None,
+        rewriter: QueryRewriter | None = None,
     ) -> None:
         self.llm = llm
         self.tools = tools
+        # Follow-ups become standalone queries for the plan's search and entity resolution.
+        self.rewriter: QueryRewriter = rewriter or DeterministicRewriter()
         self.config = config or AgentConfig()
         self.prompt = prompt or load_system_prompt()
         client = llm.inner if isinstance(llm, InstrumentedLLM) else llm
@@ -195,14 +204,23 @@ class Agent:
         model: str | None = None,
         top_k: int | None = None,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AgentAnswer:
         """Run the loop to completion (non-streaming model calls). ``history``: earlier
         turns of the conversation, ``user`` and ``assistant`` text messages oldest first,
         sent between the system prompt and the question as they are (the caller fits them
-        to its token budget: ``serve_app.history``)."""
+        to its token budget: ``serve_app.history``). ``earlier``: the caller's earlier
+        turns as the follow-up rewriter reads them (``agent.followups``; not sent to the
+        model); empty: read back from ``history``."""
         done: AgentAnswer | None = None
         events = self._run(
-            question, user, model=model, top_k=top_k, streaming=False, history=history
+            question,
+            user,
+            model=model,
+            top_k=top_k,
+            streaming=False,
+            history=history,
+            earlier=earlier,
         )
         async with aclosing(events):
             async for event in events:
@@ -220,12 +238,19 @@ class Agent:
         model: str | None = None,
         top_k: int | None = None,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AsyncIterator[AgentEvent]:
         """Run the loop, yielding tool/token/citation events and finally one done event.
         Closing the stream early (``aclose``, a client disconnect) cancels running tools.
-        ``history`` as for ``answer``."""
+        ``history`` and ``earlier`` as for ``answer``."""
         events = self._run(
-            question, user, model=model, top_k=top_k, streaming=True, history=history
+            question,
+            user,
+            model=model,
+            top_k=top_k,
+            streaming=True,
+            history=history,
+            earlier=earlier,
         )
         async with aclosing(events):
             async for event in events:
@@ -242,6 +267,7 @@ class Agent:
         top_k: int | None,
         streaming: bool,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AsyncGenerator[AgentEvent, None]:
         """The loop inside its run trace (``agent.answer``), started on the first event."""
         answering = model or self.llm.default_model
@@ -262,6 +288,7 @@ class Agent:
             streaming=streaming,
             trace=trace,
             history=history,
+            earlier=tuple(earlier) or prior_turns_from_history(history),
         )
         # ``started`` goes out before any work, so a caller hears back at once.
         events = trace.observe(prepend(ProgressEvent(stage="started", model=answering), loop))
@@ -279,6 +306,7 @@ class Agent:
         streaming: bool,
         trace: RunTrace,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AsyncGenerator[AgentEvent, None]:
         specs = self.tools.specs()
         run = Run(
@@ -294,12 +322,19 @@ class Agent:
         )
         plan: Plan | None = None
         if self.plans_first:
-            planner = Planner(self.tools, compose=self.config.compose_answers)
+            planner = Planner(
+                self.tools,
+                compose=self.config.compose_answers,
+                rewriter=self.rewriter,
+                earlier=earlier,
+            )
             async for item in planner.plan(run, question, specs):
                 if isinstance(item, Plan):
                     plan = item
                 else:
                     yield item
+            if plan is not None and plan.rewrite is not None:
+                trace.rewrite(plan.rewrite, self.rewriter.name)
             if plan is not None and plan.answer is not None:
                 composed = self._composed(run, plan.answer, streaming)
                 if composed:

@@ -42,6 +42,7 @@ from agent.entities import (
     match_names,
     named_entities,
 )
+from agent.followups import DeterministicRewriter, PriorTurn, QueryRewriter, Rewrite
 from agent.intents import LiveIntent, asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
@@ -85,6 +86,9 @@ class Plan:
     # Written by the service from the visible steps (``agent.composing``): the loop uses it,
     # once grounded, instead of calling the model. None: the model answers.
     answer: str | None = None
+    # The question as it was searched and resolved (``agent.followups``): a follow-up's
+    # standalone form. None: the question as asked (no earlier turns).
+    rewrite: Rewrite | None = None
 
 
 def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
@@ -143,7 +147,7 @@ def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]
     return "\n".join(lines) if lines else "No documentation matched."
 
 
-def _reminder(question: str, decision: RouteDecision) -> str:
+def _reminder(question: str, decision: RouteDecision, searched: str | None = None) -> str:
     if decision.wants_docs and not decision.wants_live:
         use = (
             "Answer only what it asks, in one or two short sentences, from the results "
@@ -155,7 +159,10 @@ def _reminder(question: str, decision: RouteDecision) -> str:
             "show (including that a building or room was not found, that no sensor is "
             "installed, or that a reading is missing or offline)."
         )
-    return f"The question was: {question}\n{use} Call another tool only if you still need data."
+    asked = f"The question was: {question}\n"
+    if searched is not None:  # a follow-up: what it was understood as
+        asked += f"(A follow-up, looked up as: {searched})\n"
+    return f"{asked}{use} Call another tool only if you still need data."
 
 
 def _names(hit: SearchHit, token: str) -> bool:
@@ -210,9 +217,18 @@ def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[Name
 class Planner:
     """Builds the ``Plan`` of one run and adds its visible steps to the run."""
 
-    def __init__(self, tools: ToolExecutor, *, compose: bool = False) -> None:
+    def __init__(
+        self,
+        tools: ToolExecutor,
+        *,
+        compose: bool = False,
+        rewriter: QueryRewriter | None = None,
+        earlier: Sequence[PriorTurn] = (),
+    ) -> None:
         self.tools = tools
         self.compose = compose  # write settled live-data answers and greetings here
+        self.rewriter = rewriter or DeterministicRewriter()
+        self.earlier = tuple(earlier)  # the caller's earlier turns of the conversation
         self._calls = 0
         self._steps: list[tuple[ToolCall, Message]] = []  # visible steps not yet in messages
         self._shown: list[ToolOutcome] = []  # every visible step's outcome, in order
@@ -222,14 +238,20 @@ class Planner:
     async def plan(
         self, run: Run, question: str, specs: Sequence[ToolSpec]
     ) -> AsyncIterator[AgentEvent | Plan]:
-        """Yields a ``tool`` event per visible step, then the ``Plan``."""
+        """Yields a ``tool`` event per visible step, then the ``Plan``. A follow-up is
+        searched and resolved as its standalone form (``agent.followups``): from here on
+        ``question`` is that form, ``asked`` the question as the user typed it."""
         names = {spec.name for spec in specs}
         entities = run.entities
-        entities.add_typed(question, LIVE_KINDS)
         lookup: ToolOutcome | None = None
-        named: list[NamedEntity] = []
+        buildings: list[NamedEntity] = []
         if "list_buildings" in names:
-            lookup, named = await self._named_buildings(run, question)
+            lookup, buildings = await self._buildings(run)
+        asked = question
+        rewrite = await self._rewrite(run, question, buildings)
+        question = rewrite.query if rewrite is not None else question
+        entities.add_typed(question, LIVE_KINDS)
+        named = match_names(question, buildings)
         tokens = doc_tokens(question)
         search: ToolOutcome | None = None
         greeting = is_greeting(question)
@@ -274,9 +296,25 @@ class Planner:
                 yield event
         if decision.wants_docs and search is not None and (hits or search.ok):
             yield self._show_docs(run, search, question)  # none found: shown as such
-        self._flush(run, question, decision)
+        searched = question if rewrite is not None and rewrite.rewritten else None
+        self._flush(run, asked, decision, searched)
         answer = self._composed(question, signals, decision)
-        yield Plan(decision, self._offered(decision, specs), answer=answer)
+        yield Plan(decision, self._offered(decision, specs), answer=answer, rewrite=rewrite)
+
+    async def _rewrite(
+        self, run: Run, question: str, buildings: Sequence[NamedEntity]
+    ) -> Rewrite | None:
+        """The follow-up's standalone form (None: no earlier turns), noted on the run."""
+        if not self.earlier:
+            return None
+        rewrite = await self.rewriter.rewrite(question, self.earlier, known=buildings)
+        if rewrite.rewritten:
+            carried = ", ".join(rewrite.carried) or "the previous question"
+            run.notes.append(
+                f"follow-up searched as: {rewrite.query!r} ({rewrite.rule}; from the "
+                f"conversation: {carried})"
+            )
+        return rewrite
 
     def _composed(
         self, question: str, signals: RouteSignals, decision: RouteDecision
@@ -315,14 +353,12 @@ class Planner:
         yield self._record(run, outcome, outcome.result_json)
         yield outcome
 
-    async def _named_buildings(
-        self, run: Run, question: str
-    ) -> tuple[ToolOutcome, list[NamedEntity]]:
+    async def _buildings(self, run: Run) -> tuple[ToolOutcome, list[NamedEntity]]:
+        """The caller's buildings (``list_buildings`` as the caller), to match names."""
         outcome = await self._execute(run, "list_buildings", {})
         if not outcome.ok:
             return outcome, []
-        buildings = [e for e in named_entities(outcome.result_json) if e.kind == "building"]
-        return outcome, match_names(question, buildings)
+        return outcome, [e for e in named_entities(outcome.result_json) if e.kind == "building"]
 
     def _show_lookup(self, run: Run, lookup: ToolOutcome) -> ToolEvent:
         """The building list as a visible step: it is the answer to "which buildings"."""
@@ -347,7 +383,9 @@ class Planner:
         run.traces.append(trace)
         return ToolEvent(call=trace)
 
-    def _flush(self, run: Run, question: str, decision: RouteDecision) -> None:
+    def _flush(
+        self, run: Run, question: str, decision: RouteDecision, searched: str | None = None
+    ) -> None:
         """The visible steps as ONE assistant turn and its results (one results block for
         the model, fewer tokens), then the question again: a small model that reads long
         results forgets what was asked and answers IDK."""
@@ -356,7 +394,7 @@ class Planner:
         calls = tuple(call for call, _ in self._steps)
         run.messages.append(Message("assistant", None, tool_calls=calls))
         run.messages.extend(result for _, result in self._steps)
-        run.messages.append(Message("user", _reminder(question, decision)))
+        run.messages.append(Message("user", _reminder(question, decision, searched)))
         self._steps.clear()
 
     async def _ground(

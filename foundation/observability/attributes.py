@@ -63,6 +63,11 @@ AGENT_CANCELLED = "agent.cancelled"
 AGENT_STREAMING = "agent.streaming"
 AGENT_TOOL_CALLING_MODE = "agent.tool_calling_mode"
 AGENT_TOOLS_OFFERED = "agent.tools_offered"
+# A follow-up's standalone query (agent.followups): rewriter, rule, whether it changed
+AGENT_QUERY_REWRITER = "agent.query.rewriter"
+AGENT_QUERY_REWRITE_RULE = "agent.query.rewrite_rule"
+AGENT_QUERY_REWRITTEN = "agent.query.rewritten"
+AGENT_QUERY_STANDALONE = "agent.query.standalone"  # payload
 GEN_AI_ERROR_STATUS = "gen_ai.response.http_status"
 GEN_AI_REPLY_KIND = "gen_ai.response.kind"
 TOOL_OK = "tool.ok"
@@ -86,6 +91,7 @@ PAYLOAD_KEYS = frozenset(
         LANGFUSE_OUTPUT,
         LANGFUSE_TRACE_INPUT,
         LANGFUSE_TRACE_OUTPUT,
+        AGENT_QUERY_STANDALONE,
     }
 )
 
