@@ -36,6 +36,7 @@ Plain Python, no I/O. The port is async so that a model-based rewriter can imple
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent.entities import NamedEntity, ids_in_text, match_names
 from agent.llm.base import Message
-from agent.routing import doc_tokens
+from agent.routing import doc_tokens, is_greeting
 
 __all__ = [
     "DeterministicRewriter",
@@ -59,6 +60,7 @@ MAX_EARLIER = 4  # earlier turns a follow-up may draw on (newest first)
 MAX_WORDS = 14  # longer questions bind their own pronouns ("how do users change their ...")
 MAX_FRAGMENT_WORDS = 8  # an elliptical fragment ("and the other building?") is short
 MAX_TOPIC_WORDS = 6
+MAX_SHORT_WORDS = 3  # "Why that long?": too short to stand alone
 ENTITY_ARGUMENTS = ("building_id", "room_id", "room_ids")  # tool arguments naming entities
 
 # "that error", "this setting", "the same room": a demonstrative with a noun of the domain.
@@ -77,11 +79,12 @@ _REFERRING = re.compile(
 # "and humidity?", "what about Acme Labs?", "how about the other building?": a fragment.
 _ELLIPSIS = re.compile(
     r"^\s*(?:(?:and|or|but|also|so|ok(?:ay)?)[,\s]+)?(?:what|how)\s+about\b[,\s]*"
-    r"|^\s*(?:and|or|also|same\s+for)\b[,\s]*"
-    r"(?!(?:how|what|which|why|when|where|who|whose|can|could|do|does|did|is|are|was|were|"
-    r"will|would|should|has|have)\b)",
+    r"|^\s*(?:and|or|also|same\s+for)\b"
+    r"(?![,\s]*(?:how|what|which|why|when|where|who|whose|can|could|do|does|did|is|are|was|"
+    r"were|will|would|should|has|have)\b)[,\s]*",
     re.IGNORECASE,
 )
+_ASKS_FOR_CODE = re.compile(r"\b(?:error|code|setting|key|variable)\b", re.IGNORECASE)
 _OTHER = re.compile(r"\bthe\s+other\s+(?:one|building|site)\b", re.IGNORECASE)
 # Sensor types and occupancy, the measurement words an ellipsis swaps ("and humidity?").
 _MEASURES = re.compile(
@@ -99,7 +102,7 @@ _GENERIC = frozenset(
     will shall may might must not no yes so than then too very just also any all some each get
     got set up out over under again once more most much many such only own same both few other
     mean means meaning explain tell know need want please show find use used work works happen
-    happens happened say says said thing things way ok okay thanks""",
+    happens happened say says said thing things way ok okay thanks measure measures answer""",
     )
 )
 
@@ -146,7 +149,7 @@ class Rewrite:
 
     original: str
     query: str
-    rule: str  # first_turn, standalone, coreference, ellipsis, nothing_to_carry
+    rule: str  # first_turn, standalone, coreference, ellipsis, short, nothing_to_carry
     carried: tuple[str, ...] = field(default=())  # what came from earlier turns
 
     @property
@@ -196,13 +199,17 @@ class _About:
     rooms: tuple[str, ...] = ()
     topic: tuple[str, ...] = ()
 
-    @property
-    def entities(self) -> tuple[str, ...]:
-        return (*self.tokens, *self.buildings, *self.rooms)
+    measure: str | None = None  # the sensor type or occupancy word its question asked about
 
     @property
     def carried(self) -> tuple[str, ...]:
-        return self.entities or ((" ".join(self.topic),) if self.topic else ())
+        """The most specific group: its codes and keys, else its one room, else its
+        buildings, else its topic ("it" is one thing: the room, not the room and its
+        building)."""
+        for group in (self.tokens, self.rooms, self.buildings):
+            if group:
+                return group
+        return (" ".join(self.topic),) if self.topic else ()
 
     def text(self) -> str:
         return " and ".join(self.carried)
@@ -272,12 +279,20 @@ class DeterministicRewriter:
         if own:
             return Rewrite(question, question, "standalone")
         referring = _referring(question)
-        if referring is None or words > MAX_WORDS:
+        short = words <= MAX_SHORT_WORDS and not is_greeting(question)
+        if (referring is None and not short) or words > MAX_WORDS:
             return Rewrite(question, question, "standalone")
-        about = _latest_about(turns, buildings)
+        codes_first = referring is not None and bool(_ASKS_FOR_CODE.search(referring.group(0)))
+        about = _latest_about(turns, buildings, codes_first=codes_first)
         if about is None:
             return Rewrite(question, question, "nothing_to_carry")
-        query = _substitute(question, referring, about.text())
+        text = about.text()
+        if about.rooms and about.measure and not _MEASURES.search(question):
+            text = f"the {about.measure} in {text}"  # "how did it change": the reading's room
+        if referring is None:  # "Why that long?": the question, then what it is about
+            query = f"{question.rstrip().rstrip('?.!')} {text}?"
+            return Rewrite(question, query, "short", about.carried)
+        query = _substitute(question, referring, text)
         return Rewrite(question, query, "coreference", about.carried)
 
     def _ellipsis(
@@ -311,9 +326,16 @@ class DeterministicRewriter:
 # --- the pieces ---------------------------------------------------------------------------------
 
 
+def _without_ids(text: str) -> str:
+    """``text`` without its ids: "room-acme-labs-server" does not name Acme Labs."""
+    for entity_id in ids_in_text(text):
+        text = text.replace(entity_id, " ")
+    return text
+
+
 def _own_entities(text: str, buildings: Sequence[NamedEntity]) -> tuple[str, ...]:
     """The codes, keys, ids and building names ``text`` names itself."""
-    names = [e.name for e in match_names(text, buildings)]
+    names = [e.name for e in match_names(_without_ids(text), buildings)]
     return _dedupe([*doc_tokens(text), *ids_in_text(text), *names])
 
 
@@ -323,7 +345,7 @@ def _building_names(
     """The buildings ``text`` names or ``ids`` hold, by name where the caller's list has them;
     a building id the caller cannot see now is dropped (with no list: kept as typed)."""
     by_id: Mapping[str, str] = {e.entity_id: e.name for e in buildings}
-    found = [e.name for e in match_names(text, buildings)]
+    found = [e.name for e in match_names(_without_ids(text), buildings)]
     for entity_id in [*ids_in_text(text), *ids]:
         if not entity_id.startswith("bld-"):
             continue
@@ -334,9 +356,13 @@ def _building_names(
     return _dedupe(found)
 
 
-def _about(turn: PriorTurn, buildings: Sequence[NamedEntity]) -> _About:
-    """What one turn (its question already standalone) was about."""
-    tokens = doc_tokens(turn.question) or doc_tokens(turn.answer)[:2]
+def _about(
+    turn: PriorTurn, buildings: Sequence[NamedEntity], *, codes_first: bool = False
+) -> _About:
+    """What one turn (its question already standalone) was about. The codes its answer
+    names count where its question names none and no topic, unless the follow-up asks about
+    a code ("that error": ``codes_first``)."""
+    tokens = doc_tokens(turn.question)
     named = _building_names(turn.question, turn.entity_ids, buildings)
     if not named and not tokens:
         named = _building_names(turn.answer, (), buildings)
@@ -344,18 +370,44 @@ def _about(turn: PriorTurn, buildings: Sequence[NamedEntity]) -> _About:
     rooms = typed_rooms or [i for i in turn.entity_ids if i.startswith("room-")]
     if len(rooms) > 1:
         rooms = []  # a whole building's rooms (occupancy of all): no one room was the subject
-    if tokens or named or rooms:
-        return _About(tuple(tokens), named, _dedupe(rooms))
+    measure = _MEASURES.search(turn.question)
+    found = _About(
+        tuple(tokens), named, _dedupe(rooms), measure=measure.group(0) if measure else None
+    )
+    answer_codes = tuple(doc_tokens(turn.answer)[:2])
+    if codes_first and not tokens and answer_codes:
+        return dataclasses.replace(found, tokens=answer_codes)
+    if found.carried:
+        return found
     if ids_in_text(turn.question) or turn.entity_ids:
         return _About()  # about an entity the caller cannot see now: nothing to carry
-    words = [w for w in _WORD.findall(turn.question) if w.casefold() not in _GENERIC]
-    return _About(topic=_dedupe(words)[:MAX_TOPIC_WORDS])
+    topic = _topic(turn.question)
+    return _About(topic=topic) if topic else _About(tokens=answer_codes)
 
 
-def _latest_about(turns: Sequence[PriorTurn], buildings: Sequence[NamedEntity]) -> _About | None:
+# "How do I create ...", "how to add ...", "can I export ...": the word after it is a verb.
+_HOW_TO = re.compile(
+    r"^\s*(?:how\s+(?:do|can|should)\s+(?:i|we|you)|how\s+to|can\s+(?:i|we))\s+(\w+)", re.I
+)
+
+
+def _topic(question: str) -> tuple[str, ...]:
+    """The content words of a question, without the verb of a how-to ("How do I create an
+    alert rule?" is about an alert rule) and without ids."""
+    words = [w.removesuffix("'s") for w in _WORD.findall(_without_ids(question))]
+    words = [w for w in words if w.casefold() not in _GENERIC]
+    how_to = _HOW_TO.match(question)
+    if how_to and len(words) > 1 and words[0].casefold() == how_to.group(1).casefold():
+        words = words[1:]
+    return _dedupe(words)[:MAX_TOPIC_WORDS]
+
+
+def _latest_about(
+    turns: Sequence[PriorTurn], buildings: Sequence[NamedEntity], *, codes_first: bool = False
+) -> _About | None:
     """What the most recent turn that was about something was about."""
     for turn in reversed(turns):
-        about = _about(turn, buildings)
+        about = _about(turn, buildings, codes_first=codes_first)
         if about.carried:
             return about
     return None

@@ -89,11 +89,21 @@ def test_an_error_code_is_carried(question: str, expected: str) -> None:
     assert rewrite(question, CV_E1033).query == expected
 
 
-def test_an_error_code_named_only_in_the_answer_is_carried() -> None:
+def test_an_error_code_named_only_in_the_answer_is_carried_for_that_error() -> None:
+    """The answer's code where the follow-up asks about a code ("that error"); otherwise the
+    earlier question's topic (an answer may name codes in passing)."""
     earlier = PriorTurn(
         "Why does ingestion reject my readings?", "They were rejected with CV-E1033 (clock skew)."
     )
-    assert rewrite("How do I fix it?", earlier).query == "How do I fix CV-E1033?"
+    assert rewrite("How do I fix that error?", earlier).query == "How do I fix CV-E1033?"
+    assert rewrite("How do I fix it?", earlier).query == "How do I fix ingestion reject readings?"
+
+
+def test_a_very_short_question_gets_what_the_turn_was_about() -> None:
+    earlier = PriorTurn("How long are sensor readings kept?", "13 months.")
+    result = rewrite("Why that long?", earlier)
+    assert (result.query, result.rule) == ("Why that long long sensor readings kept?", "short")
+    assert not rewrite("Thanks!", earlier).rewritten  # a greeting is left alone
 
 
 def test_a_building_is_carried_by_name_from_the_turn_or_its_tool_calls() -> None:

@@ -1,0 +1,482 @@
+"""Follow-ups that retrieve well (issue 17, item 3): retrieval recall@5 of the raw follow-up,
+the rewritten one and the hand-written standalone question, and end-to-end pass rates of the
+follow-up turns with a scripted model.
+
+    python -m bench.followups [--dataset evals/datasets/followups.yaml]
+        [--out-dir bench/out/followups] [--database retrieval_quality] [--no-e2e]
+
+The conversations are ``evals/datasets/followups.yaml`` (how they were written: its header).
+The sample documentation is ingested as ``bench.retrieval_quality`` does it, into the same
+benchmark database on the configured server (a second run embeds nothing); the live data is
+``local_world``'s estate, in process, at a pinned time.
+
+Retrieval: every documentation follow-up is searched as its caller with the service's
+retriever as configured (hybrid, ``RERANKER``), top 5, three times: as typed (raw), as the
+``DeterministicRewriter`` rewrites it from the dataset's earlier turns (their questions,
+stored answers and tool ids; ``known`` = the caller's buildings), and as the hand-written
+standalone question. recall@5 counts the labelled answering sections among the five. Every
+follow-up (documentation and live) also gets "resolved": the query names every building
+and room the follow-up is about (by name from the caller's buildings, or by id), as the
+planner's grounding reads a question.
+
+End to end: every conversation runs turn by turn through the real ``Agent`` (json_schema
+mode, plan first, composed live answers: the local models' path), the eight tools over the
+in-process simulators as the caller and the same retriever, with a scripted model that is
+faithful by construction: it cites every chunk the service showed it, and says nothing
+else. Each later turn gets the thread's history and the earlier turns as they really ran
+(answers and tool calls). Conditions: ``raw`` (no rewriter: ``PassThroughRewriter``),
+``rewritten`` (the default ``DeterministicRewriter``), ``standalone`` (the hand-written
+standalone questions asked instead). A follow-up passes when its run is ``answered`` and
+cites a labelled answering section (documentation), and calls every expected tool with the
+expected arguments (live data). A scripted model cannot show what a real model makes of the
+history: this measures what the service searches and grounds for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from agent.answer import AgentAnswer
+from agent.entities import NamedEntity, ids_in_text, match_names
+from agent.followups import (
+    DeterministicRewriter,
+    PassThroughRewriter,
+    PriorTurn,
+    QueryRewriter,
+    prior_turn,
+)
+from agent.llm.base import ChatRequest, ChatResult, Message
+from agent.loop import Agent, AgentConfig
+from agent.testing import FunctionModel, text_reply
+from agent.tools import build_default_registry
+from agent.tools.base import Retriever
+from agent.tools.downstream import Downstream
+from agent.tools.executor import LocalToolExecutor
+from evals.dataset import DatasetError
+from evals.followups import (
+    DEFAULT_FOLLOWUPS_DATASET,
+    Conversation,
+    FollowupDataset,
+    Turn,
+    load_followups,
+    tools_match,
+)
+from evals.retrieval_labels import Caller, SectionKey
+from foundation.identity import AuthUser
+from local_world.claims import claims_from_payload, encode_flat_claims
+from local_world.clock import FixedClock
+from local_world.sensor_service import create_sensor_app
+from local_world.twin_service import create_twin_app
+from local_world.world import World, build_world
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT_DIR = ROOT / "bench" / "out" / "followups"
+PINNED = "2025-03-04T10:30:00Z"  # a Tuesday, mid-morning (UTC): the tests' instant
+K = 5
+CONDITIONS = ("raw", "rewritten", "standalone")
+TWIN_URL = "http://twin.in-process"
+SENSOR_URL = "http://sensor.in-process"
+
+
+class Hit(Protocol):
+    @property
+    def source(self) -> str: ...
+    @property
+    def section(self) -> str: ...
+
+
+class Searcher(Protocol):
+    async def search(
+        self, query: str, *, acl: Sequence[str], top_k: int | None = None
+    ) -> Sequence[Hit]: ...
+
+
+# --- retrieval ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetrievalRow:
+    conversation: str
+    turn: int  # 1-based
+    queries: dict[str, str]  # condition -> the query
+    rule: str  # the rewriter's rule
+    recall: dict[str, float | None]  # condition -> recall@K (None: a live-data follow-up)
+    resolved: dict[str, bool | None]  # condition -> names every expected entity
+
+
+def known_buildings(world: World, caller: Caller) -> list[NamedEntity]:
+    """The buildings the caller's ``list_buildings`` returns (the simulator's own rule)."""
+    claims = claims_from_payload(
+        {"sub": caller.name, "roles": list(caller.roles), "domains": list(caller.domains)}
+    )
+    return [NamedEntity("building", b.id, b.name) for b in world.visible_buildings(claims)]
+
+
+def expected_entities(turn: Turn) -> set[str]:
+    """The building and room ids a live follow-up's expected tool calls name."""
+    ids: set[str] = set()
+    for arguments in turn.tools.values():
+        for key in ("building_id", "room_id"):
+            value = arguments.get(key)
+            if isinstance(value, str):
+                ids.add(value)
+    return ids
+
+
+def resolves(query: str, expected: set[str], known: Sequence[NamedEntity]) -> bool:
+    """The query names every expected entity, as the planner reads it: a building of the
+    caller's list by name, or an id as typed (the room of a named building counts once its
+    building is named and the query names no other room)."""
+    found = {e.entity_id for e in match_names(query, known)} | set(ids_in_text(query))
+    return expected <= found
+
+
+def _recall(hits: Sequence[Hit], answers: frozenset[SectionKey], dataset: FollowupDataset) -> float:
+    keys = {(dataset.corpus.key_of(h.source), h.section) for h in hits[:K]}
+    return len(answers & keys) / len(answers)
+
+
+async def score_retrieval(
+    dataset: FollowupDataset, searcher: Searcher, world: World
+) -> list[RetrievalRow]:
+    rewriter = DeterministicRewriter()
+    rows: list[RetrievalRow] = []
+    for conversation, index in dataset.follow_ups():
+        turn = conversation.turns[index]
+        known = known_buildings(world, conversation.caller)
+        earlier = [t.prior for t in conversation.turns[:index]]
+        rewrite = rewriter.rewrite_now(turn.question, earlier, known=known)
+        queries = {
+            "raw": turn.question,
+            "rewritten": rewrite.query,
+            "standalone": turn.standalone or turn.question,
+        }
+        recall: dict[str, float | None] = dict.fromkeys(CONDITIONS)
+        if turn.documentation:
+            for condition, query in queries.items():
+                hits = await searcher.search(query, acl=conversation.caller.acl, top_k=K)
+                recall[condition] = _recall(hits, turn.answer_keys, dataset)
+        expected = expected_entities(turn)
+        resolved: dict[str, bool | None] = {
+            c: (resolves(q, expected, known) if expected else None) for c, q in queries.items()
+        }
+        rows.append(
+            RetrievalRow(conversation.id, index + 1, queries, rewrite.rule, recall, resolved)
+        )
+    return rows
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+
+def faithful_model() -> FunctionModel:
+    """A scripted model that cites every chunk it was shown and says nothing else (no
+    figures, so nothing to ground): what passes is what the service put in front of it."""
+
+    def reply(request: ChatRequest) -> ChatResult:
+        shown = list(dict.fromkeys(request.source_labels.values()))
+        if shown:
+            return text_reply("See the documentation. " + " ".join(f"[^{c}]" for c in shown))
+        return text_reply("Here is what the tools returned.")
+
+    return FunctionModel(reply, model="scripted/faithful", tool_calling_mode="json_schema")
+
+
+@dataclass(frozen=True)
+class E2ERow:
+    conversation: str
+    turn: int
+    condition: str
+    question: str
+    passed: bool
+    decision: str
+    cited: tuple[str, ...]
+    tools: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def user_of(caller: Caller) -> AuthUser:
+    return AuthUser.from_claims_header(
+        encode_flat_claims(f"bench-{caller.name}", caller.roles, caller.domains)
+    )
+
+
+def passed(turn: Turn, answer: AgentAnswer, dataset: FollowupDataset) -> bool:
+    if answer.decision != "answered":
+        return False
+    if turn.documentation:
+        cited = {(dataset.corpus.key_of(c.source), c.section) for c in answer.citations}
+        if not cited & turn.answer_keys:
+            return False
+    return not turn.tools or tools_match(turn.tools, answer.tool_calls)
+
+
+async def run_conversation(
+    agent: Agent, conversation: Conversation, condition: str, dataset: FollowupDataset
+) -> list[E2ERow]:
+    user = user_of(conversation.caller)
+    history: list[Message] = []
+    earlier: list[PriorTurn] = []
+    rows: list[E2ERow] = []
+    for index, turn in enumerate(conversation.turns):
+        question = turn.question
+        if condition == "standalone" and index > 0 and turn.standalone:
+            question = turn.standalone
+        answer = await agent.answer(question, user, history=tuple(history), earlier=earlier)
+        if index > 0:
+            rows.append(
+                E2ERow(
+                    conversation.id,
+                    index + 1,
+                    condition,
+                    question,
+                    passed(turn, answer, dataset),
+                    answer.decision,
+                    tuple(f"{c.source} > {c.section}" for c in answer.citations),
+                    tuple(f"{t.name}{json.dumps(t.arguments)}" for t in answer.tool_calls),
+                    tuple(answer.notes),
+                )
+            )
+        earlier.append(prior_turn(question, answer.answer, answer.tool_calls))
+        history += [Message("user", question), Message("assistant", answer.answer)]
+    return rows
+
+
+AgentFactory = Callable[[QueryRewriter], Agent]
+
+
+async def run_e2e(
+    dataset: FollowupDataset, make_agent: AgentFactory, conditions: Sequence[str] = CONDITIONS
+) -> list[E2ERow]:
+    rows: list[E2ERow] = []
+    for condition in conditions:
+        rewriter = PassThroughRewriter() if condition == "raw" else DeterministicRewriter()
+        agent = make_agent(rewriter)
+        for conversation in dataset.conversations:
+            rows.extend(await run_conversation(agent, conversation, condition, dataset))
+    return rows
+
+
+def in_process_tools(
+    world: World, retriever: Retriever | None, clock: FixedClock
+) -> tuple[Callable[[QueryRewriter], Agent], httpx.AsyncClient]:
+    """An agent factory over the simulators in process (ASGI) and ``retriever``; the client
+    to close when done."""
+    from serve_app.authz import load_authorizer
+
+    client = httpx.AsyncClient(
+        mounts={
+            TWIN_URL: httpx.ASGITransport(app=create_twin_app(world, clock=clock)),
+            SENSOR_URL: httpx.ASGITransport(app=create_sensor_app(world, clock=clock)),
+        },
+        follow_redirects=False,
+    )
+    downstream = Downstream(twin_url=TWIN_URL, sensor_url=SENSOR_URL, client=client)
+    tools = LocalToolExecutor(
+        build_default_registry(timeout_seconds=30.0),
+        downstream=downstream,
+        authorizer=load_authorizer(),
+        retriever=retriever,
+        clock=clock,
+    )
+    config = AgentConfig(plan_first=True, compose_answers=True)
+
+    def make(rewriter: QueryRewriter) -> Agent:
+        return Agent(llm=faithful_model(), tools=tools, config=config, rewriter=rewriter)
+
+    return make, client
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    dataset: FollowupDataset
+    retrieval: list[RetrievalRow]
+    e2e: list[E2ERow] = field(default_factory=list)
+    context: dict[str, str] = field(default_factory=dict)
+
+
+def _mean(values: Sequence[float]) -> str:
+    return f"{statistics.fmean(values):.3f}" if values else "-"
+
+
+def _rate(values: Sequence[bool]) -> str:
+    return f"{sum(values)}/{len(values)} ({sum(values) / len(values):.0%})" if values else "-"
+
+
+def summary_markdown(report: Report) -> str:
+    docs = [r for r in report.retrieval if r.recall["raw"] is not None]
+    live = [r for r in report.retrieval if r.resolved["raw"] is not None]
+    lines = [
+        f"{len(report.dataset.conversations)} conversations, {len(report.retrieval)} "
+        f"follow-ups ({len(docs)} documentation, {len(live)} with live-data entities)",
+        "",
+        f"| query | recall@{K} (documentation) | hit@{K} | entities resolved (live data) |",
+        "|---|---|---|---|",
+    ]
+    for condition in CONDITIONS:
+        recalls = [r.recall[condition] for r in docs]
+        values = [v for v in recalls if v is not None]
+        hits = [v > 0 for v in values]
+        resolved = [bool(r.resolved[condition]) for r in live]
+        lines.append(f"| {condition} | {_mean(values)} | {_rate(hits)} | {_rate(resolved)} |")
+    if report.e2e:
+        lines += [
+            "",
+            "End to end, scripted (faithful) model: follow-up turns passed",
+            "",
+            "| condition | all | documentation | live data |",
+            "|---|---|---|---|",
+        ]
+        kinds = {
+            (c.id, i + 1): ("documentation" if t.documentation else "live data")
+            for c in report.dataset.conversations
+            for i, t in enumerate(c.turns)
+        }
+        for condition in CONDITIONS:
+            rows = [r for r in report.e2e if r.condition == condition]
+            if not rows:
+                continue
+            by_kind = {
+                kind: [r.passed for r in rows if kinds[(r.conversation, r.turn)] == kind]
+                for kind in ("documentation", "live data")
+            }
+            lines.append(
+                f"| {condition} | {_rate([r.passed for r in rows])} | "
+                f"{_rate(by_kind['documentation'])} | {_rate(by_kind['live data'])} |"
+            )
+    return "\n".join(lines)
+
+
+def report_markdown(report: Report) -> str:
+    lines = ["# Follow-up benchmark", ""]
+    lines += [f"- {key}: {value}" for key, value in report.context.items()]
+    lines += ["", summary_markdown(report), "", "## Every follow-up", ""]
+    e2e = {(r.conversation, r.turn, r.condition): r for r in report.e2e}
+    for row in report.retrieval:
+        lines.append(f"### {row.conversation}, turn {row.turn} ({row.rule})")
+        for condition in CONDITIONS:
+            recall = row.recall[condition]
+            resolved = row.resolved[condition]
+            figures = [f"recall@{K} {recall:.2f}" if recall is not None else ""]
+            figures.append(f"resolved {resolved}" if resolved is not None else "")
+            run = e2e.get((row.conversation, row.turn, condition))
+            if run is not None:
+                figures.append(f"e2e {'PASS' if run.passed else 'fail'} ({run.decision})")
+            shown = ", ".join(f for f in figures if f)
+            lines.append(f"- {condition}: `{row.queries[condition]}` {shown}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report_jsonl(report: Report) -> str:
+    out = [json.dumps({"kind": "retrieval", **row.__dict__}) for row in report.retrieval]
+    out += [json.dumps({"kind": "e2e", **row.__dict__}) for row in report.e2e]
+    return "\n".join(out) + "\n"
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    dataset: Path = ROOT / DEFAULT_FOLLOWUPS_DATASET
+    out_dir: Path = DEFAULT_OUT_DIR
+    database: str = "retrieval_quality"
+    e2e: bool = True
+
+
+async def run_benchmark(options: Options) -> Report:
+    from bench.retrieval_quality import open_sample_store
+    from foundation.settings import load_settings
+    from retrieval.embedders import build_embedder
+    from retrieval.rerankers import build_reranker
+    from serve_app.wiring import build_retriever
+
+    settings = load_settings()
+    dataset = load_followups(options.dataset, repo_root=ROOT)
+    world = build_world()
+    embedder = build_embedder(settings)
+    reranker = build_reranker(settings)
+    store, ingest = await open_sample_store(settings, options.database, embedder)
+    client: httpx.AsyncClient | None = None
+    try:
+        retriever = build_retriever(settings, store, embedder=embedder, reranker=reranker)
+        started = time.perf_counter()
+        report = Report(dataset, await score_retrieval(dataset, retriever, world))
+        print(f"retrieval: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        if options.e2e:
+            make, client = in_process_tools(world, retriever, FixedClock(PINNED))
+            started = time.perf_counter()
+            report.e2e = await run_e2e(dataset, make)
+            print(f"end to end: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        pages, chunks = await store.counts()
+        report.context.update(
+            {
+                "date": date.today().isoformat(),
+                "command": "python -m bench.followups " + " ".join(sys.argv[1:]),
+                "corpus": f"{pages} pages, {chunks} chunks (ingest: {ingest.new} new, "
+                f"{ingest.unchanged} unchanged)",
+                "retriever": f"hybrid, RERANKER={settings.reranker}, top {K}, "
+                f"embedder {settings.embedding_model}",
+                "model (end to end)": "scripted: cites every chunk it is shown "
+                "(json_schema mode, plan first, composed live answers)",
+            }
+        )
+    finally:
+        if client is not None:
+            await client.aclose()
+        await store.close()
+    return report
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.followups",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dataset", type=Path, default=Options.dataset)
+    parser.add_argument("--out-dir", type=Path, default=Options.out_dir)
+    parser.add_argument("--database", default=Options.database)
+    parser.add_argument("--no-e2e", action="store_true", help="retrieval only")
+    args = parser.parse_args(argv)
+    return Options(args.dataset, args.out_dir, args.database, not args.no_e2e)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    options = parse_args(argv)
+    try:
+        report = asyncio.run(run_benchmark(options))
+    except DatasetError as exc:
+        print("invalid dataset:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return 2
+    print(summary_markdown(report))
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (
+        ("report.md", report_markdown(report)),
+        ("report.jsonl", report_jsonl(report)),
+    ):
+        (options.out_dir / name).write_text(text, encoding="utf-8")
+        print(f"wrote {options.out_dir / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""``bench.followups`` without a database: the real dataset loads, its retrieval part scores
+a searcher (here one that returns a fixed page), and its end-to-end part runs two of the
+conversations through the real agent, tools and in-process simulators with the scripted
+model and a fake retriever, in each condition. The benchmark's figures are in
+bench/RESULTS.md; this only keeps the module working (well under 5 s)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench import followups as bench
+from evals.followups import load_followups
+from local_world.clock import FixedClock
+from local_world.world import build_world
+from retrieval.search import SearchHit
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CLOCK_SKEW = "Error code reference > Ingestion (CV-E1030 – CV-E1034) > CV-E1033 – Clock skew"
+
+
+def _hit(section: str, text: str) -> SearchHit:
+    return SearchHit(
+        chunk_id="c-" + str(abs(hash(section)) % 10_000),
+        source=str(ROOT / "documentation/developer/error-codes.md"),
+        title="Error code reference",
+        section=section,
+        kind="text",
+        text=text,
+        fused_score=0.03,
+        rerank_score=None,
+        vector_rank=1,
+        keyword_rank=1,
+        similarity=0.7,
+    )
+
+
+@dataclass
+class CodeSearcher:
+    """Finds the clock-skew entry only when the query names CV-E1033."""
+
+    queries: list[str]
+
+    async def search(
+        self, query: str, *, acl: Sequence[str], top_k: int | None = None
+    ) -> list[SearchHit]:
+        self.queries.append(query)
+        if "CV-E1033" not in query:
+            return []
+        return [_hit(CLOCK_SKEW, "CV-E1033 – Clock skew. Fix: enable NTP on the gateway.")]
+
+
+def test_the_dataset_has_thirty_conversations_of_two_and_three_turns() -> None:
+    dataset = load_followups(ROOT / "evals/datasets/followups.yaml", repo_root=ROOT)
+    assert len(dataset.conversations) >= 30
+    assert {len(c.turns) for c in dataset.conversations} == {2, 3}
+    assert all(c.turns[i].standalone for c, i in dataset.follow_ups())
+
+
+async def test_retrieval_and_end_to_end_on_two_conversations() -> None:
+    dataset = load_followups(ROOT / "evals/datasets/followups.yaml", repo_root=ROOT)
+    chosen = [c for c in dataset.conversations if c.id in ("err-clock-skew", "live-floors")]
+    dataset = replace(dataset, conversations=tuple(chosen))
+    searcher = CodeSearcher([])
+    world = build_world()
+
+    rows = await bench.score_retrieval(dataset, searcher, world)
+    fix = next(r for r in rows if r.conversation == "err-clock-skew" and r.turn == 2)
+    assert fix.queries["raw"] == "How do I fix it?"
+    assert fix.recall == {"raw": 0.0, "rewritten": 1.0, "standalone": 1.0}
+    floors = next(r for r in rows if r.conversation == "live-floors")
+    assert floors.resolved == {"raw": False, "rewritten": True, "standalone": True}
+
+    make, client = bench.in_process_tools(world, searcher, FixedClock(bench.PINNED))
+    try:
+        runs = await bench.run_e2e(dataset, make)
+    finally:
+        await client.aclose()
+    outcome = {(r.conversation, r.turn, r.condition): r.passed for r in runs}
+    assert outcome[("err-clock-skew", 2, "raw")] is False  # "How do I fix it?" finds nothing
+    assert outcome[("err-clock-skew", 2, "rewritten")] is True
+    assert outcome[("err-clock-skew", 2, "standalone")] is True
+    assert outcome[("live-floors", 2, "raw")] is False  # no building to ground
+    assert outcome[("live-floors", 2, "rewritten")] is True
+    report = bench.Report(dataset, rows, runs)
+    summary = bench.summary_markdown(report)
+    assert "| rewritten |" in summary and "End to end" in summary
