@@ -1,6 +1,6 @@
 """``agent-service eval``: what the subcommand does once its arguments are parsed.
 
-Kept here rather than in ``serve_app/cli.py`` so the CLI stays a thin parser. Problems the
+Kept here rather than in ``serve_app/cli/`` so the CLI stays a thin parser. Problems the
 user can fix (dataset, flags, settings, an unreachable service) raise ``EvalUsageError``,
 which the CLI prints and turns into exit 2.
 """

@@ -21,7 +21,7 @@ No cross-encoder ships in any package, so this builds one (issue 16, item 2):
    ``RERANKER_MODEL=trained`` for the cached one) with ``training.json`` (data, seeds, the
    held-out validation scores) and the pairs it was trained on beside it.
 
-Plain Python: no Ray, FastAPI or application import (the CLI in ``serve_app/cli.py`` wires it).
+Plain Python: no Ray, FastAPI or application import (``serve_app/cli/reranker.py`` wires it).
 """
 
 from __future__ import annotations

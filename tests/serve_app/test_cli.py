@@ -201,7 +201,7 @@ def test_unknown_benchmark_is_a_usage_error_listing_them(
 def test_bench_runs_the_module_from_the_root_passing_args_through(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import serve_app.cli as cli
+    from serve_app.cli import bench as cli
 
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "__init__.py").write_text("")

@@ -1,0 +1,110 @@
+"""``agent-service ask``: a question to the running service over HTTP, as a given caller."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from foundation.settings import Settings
+from serve_app.ask_output import StreamPrinter, parse_sse_lines, print_summary
+from serve_app.cli.common import EXIT_OK, CliError, csv_list
+
+
+def claims_header(sub: str, roles: list[str], domains: list[str]) -> str:
+    """An ``x-gateway-claims`` value as the mesh sets it (memberships: domain x role)."""
+    import base64
+
+    memberships = [{"domain": d, "role": r} for d in (domains or [""]) for r in roles]
+    payload = {"sub": sub, "memberships": memberships}
+    return base64.b64encode(json.dumps(payload).encode()).decode()
+
+
+def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    import httpx
+
+    base = args.url or f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+    headers = {
+        "x-gateway-claims": claims_header(args.sub, csv_list(args.roles), csv_list(args.domains))
+    }
+    # Streaming is the default (a person sees progress at once); --json prints the response
+    # object exactly, so it asks for it whole.
+    stream = not (args.no_stream or args.json)
+    body: dict[str, Any] = {"question": args.question, "stream": stream}
+    if args.top_k:
+        body["top_k"] = args.top_k
+    if args.model:
+        body["model"] = args.model
+    timeout = httpx.Timeout(settings.serve_ready_timeout_s, connect=10)
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            if stream:
+                result = _ask_stream(client, f"{base}/ask", headers, body, out)
+            else:
+                result = _ask_json(client, f"{base}/ask", headers, body)
+    except httpx.HTTPError as exc:
+        raise CliError(f"could not reach {base} ({type(exc).__name__}); is it running?") from None
+    if args.json:
+        print(json.dumps(result, indent=2), file=out)
+        return EXIT_OK
+    if not stream:
+        print(result.get("answer", ""), file=out)
+    print_summary(result, out, tools=not stream)  # streamed: the tools had their live lines
+    return EXIT_OK
+
+
+def _ask_json(
+    client: Any, url: str, headers: dict[str, str], body: dict[str, Any]
+) -> dict[str, Any]:
+    resp = client.post(url, json=body, headers=headers)
+    result: dict[str, Any] = resp.json()
+    if resp.status_code >= 400 and "error" in result and "answer" not in result:
+        raise CliError(f"HTTP {resp.status_code}: {result['error']['message']}")
+    return result
+
+
+def _ask_stream(
+    client: Any, url: str, headers: dict[str, str], body: dict[str, Any], out: TextIO
+) -> dict[str, Any]:
+    """Show the stream as it arrives (``StreamPrinter``); return the ``done`` answer."""
+    printer = StreamPrinter(out)
+    with client.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code >= 400:  # refused before the stream began: the error envelope
+            resp.read()
+            message = resp.json().get("error", {}).get("message", resp.text)
+            raise CliError(f"HTTP {resp.status_code}: {message}")
+        for event, data in parse_sse_lines(resp.iter_lines()):
+            if event == "error":
+                printer.finish()
+                raise CliError(data.get("error", {}).get("message", "stream failed"))
+            printer.handle(event, data)
+    printer.finish()
+    return printer.final
+
+
+def add_parsers(sub: Any) -> None:
+    """The ``ask`` command."""
+    ask = sub.add_parser(
+        "ask",
+        help="ask the running service a question over HTTP, as a given caller",
+        description="POSTs to /ask with an x-gateway-claims header for --sub/--roles/--domains "
+        "(as the mesh would set it) and streams the answer: the answering model, a line per "
+        "tool as it runs, a waiting indicator while the model is queued, the answer text, "
+        "then citations and the decision. --json prints the response object instead.",
+    )
+    ask.add_argument("question")
+    ask.add_argument("--url", help="API base URL (default: the local service)")
+    ask.add_argument("--sub", default="demo-user")
+    ask.add_argument("--roles", default="business_staff")
+    ask.add_argument("--domains", default="northwind")
+    streaming = ask.add_mutually_exclusive_group()
+    streaming.add_argument(
+        "--no-stream", action="store_true", help="one JSON request; print the answer when done"
+    )
+    streaming.add_argument(
+        "--stream", action="store_true", help="stream (the default; accepted for scripts)"
+    )
+    ask.add_argument("--top-k", type=int)
+    ask.add_argument("--model", help="answer-model override (role-gated)")
+    ask.add_argument("--json", action="store_true", help="print the response JSON")
+    ask.set_defaults(handler=cmd_ask)
