@@ -20,10 +20,14 @@ model still gets the user's question as typed, with the history (``Agent.answer`
   with its entity or sensor type swapped for the fragment's, or, with nothing to swap, the
   fragment followed by what the previous turn was about.
 
-What a turn was about, most salient first: the error codes and setting keys its standalone
-question names (else its answer's), the buildings it names or its successful tool calls
-used (ids turned into names through ``known``), the single room its tool calls used, and
-otherwise the content words of its question (a documentation topic: "occupancy alert").
+What a turn was about (one thing is carried, the most specific): the error codes and
+setting keys its standalone question names; else the one room it typed or its successful
+tool calls used (with the reading it asked for: "how did it change?" -> "how did the
+humidity in room-x change?"); else the buildings it names or its tool calls used (ids turned
+into names through ``known``); else the content words of its question, without a how-to's
+verb (a documentation topic: "How do I create an alert rule?" -> "alert rule"). The codes
+its answer names stand in where the follow-up asks about a code ("that error") or the turn
+has no topic. The most recent turn that was about something wins.
 
 Permissions: the rewriter reads nothing but the question, the caller's own earlier turns
 (``PriorTurn``: stored when the caller asked them, answered as the caller) and ``known``
@@ -44,7 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent.entities import NamedEntity, ids_in_text, match_names
 from agent.llm.base import Message
-from agent.routing import doc_tokens, is_greeting
+from agent.routing import doc_tokens
 
 __all__ = [
     "DeterministicRewriter",
@@ -60,7 +64,6 @@ MAX_EARLIER = 4  # earlier turns a follow-up may draw on (newest first)
 MAX_WORDS = 14  # longer questions bind their own pronouns ("how do users change their ...")
 MAX_FRAGMENT_WORDS = 8  # an elliptical fragment ("and the other building?") is short
 MAX_TOPIC_WORDS = 6
-MAX_SHORT_WORDS = 3  # "Why that long?": too short to stand alone
 ENTITY_ARGUMENTS = ("building_id", "room_id", "room_ids")  # tool arguments naming entities
 
 # "that error", "this setting", "the same room": a demonstrative with a noun of the domain.
@@ -149,7 +152,7 @@ class Rewrite:
 
     original: str
     query: str
-    rule: str  # first_turn, standalone, coreference, ellipsis, short, nothing_to_carry
+    rule: str  # first_turn, standalone, coreference, ellipsis, nothing_to_carry
     carried: tuple[str, ...] = field(default=())  # what came from earlier turns
 
     @property
@@ -279,19 +282,15 @@ class DeterministicRewriter:
         if own:
             return Rewrite(question, question, "standalone")
         referring = _referring(question)
-        short = words <= MAX_SHORT_WORDS and not is_greeting(question)
-        if (referring is None and not short) or words > MAX_WORDS:
+        if referring is None or words > MAX_WORDS:
             return Rewrite(question, question, "standalone")
-        codes_first = referring is not None and bool(_ASKS_FOR_CODE.search(referring.group(0)))
+        codes_first = bool(_ASKS_FOR_CODE.search(referring.group(0)))
         about = _latest_about(turns, buildings, codes_first=codes_first)
         if about is None:
             return Rewrite(question, question, "nothing_to_carry")
         text = about.text()
         if about.rooms and about.measure and not _MEASURES.search(question):
             text = f"the {about.measure} in {text}"  # "how did it change": the reading's room
-        if referring is None:  # "Why that long?": the question, then what it is about
-            query = f"{question.rstrip().rstrip('?.!')} {text}?"
-            return Rewrite(question, query, "short", about.carried)
         query = _substitute(question, referring, text)
         return Rewrite(question, query, "coreference", about.carried)
 

@@ -99,13 +99,6 @@ def test_an_error_code_named_only_in_the_answer_is_carried_for_that_error() -> N
     assert rewrite("How do I fix it?", earlier).query == "How do I fix ingestion reject readings?"
 
 
-def test_a_very_short_question_gets_what_the_turn_was_about() -> None:
-    earlier = PriorTurn("How long are sensor readings kept?", "13 months.")
-    result = rewrite("Why that long?", earlier)
-    assert (result.query, result.rule) == ("Why that long long sensor readings kept?", "short")
-    assert not rewrite("Thanks!", earlier).rewritten  # a greeting is left alone
-
-
 def test_a_building_is_carried_by_name_from_the_turn_or_its_tool_calls() -> None:
     by_name = PriorTurn("How busy is Harbor Warehouse?", "40% of capacity.")
     by_call = PriorTurn("How busy is bld-northwind-harbor?", "40%.", (HARBOR.entity_id,))
