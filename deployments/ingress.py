@@ -28,6 +28,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agent.answer import AgentAnswer, AgentEvent
 from conversations.store import ConversationStore
+from deployments.metrics import RayServeMetrics
 from foundation.identity import AuthUser
 from foundation.settings import Settings
 from serve_app.api.app import create_app
@@ -40,6 +41,7 @@ from serve_app.backend import (
     IngestRun,
     IngestStatus,
 )
+from serve_app.limits import RequestLimits, build_request_limits
 from serve_app.readiness import Readiness, ReadinessCheck
 from serve_app.wiring import build_conversation_store, replica_settings
 
@@ -102,6 +104,7 @@ class ServeBackend:
         settings: Settings,
         *,
         conversations: ConversationStore | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self._agent = agent
         self._stream = agent.options(stream=True)
@@ -112,6 +115,9 @@ class ServeBackend:
         self._conversations = (
             conversations if conversations is not None else build_conversation_store(settings)
         )
+        # The callers' rate limits and budgets, counted in the database every replica shares
+        # (a pool of its own, opened on first use; nothing when every limit is off).
+        self.limits = limits if limits is not None else build_request_limits(settings)
 
     @property
     def conversations(self) -> ConversationStore:
@@ -245,6 +251,7 @@ class ServeBackend:
 
     async def close(self) -> None:
         await self._conversations.close()
+        await self.limits.close()
 
 
 @serve.deployment(
@@ -258,7 +265,8 @@ class IngressDeployment:
     def __init__(self, agent_loop: DeploymentHandle[Any]) -> None:
         self.settings = replica_settings("Ingress")
         self.authorizer = load_authorizer()
-        self.backend = ServeBackend(agent_loop, self.settings)
+        limits = build_request_limits(self.settings, metrics=RayServeMetrics())
+        self.backend = ServeBackend(agent_loop, self.settings, limits=limits)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.backend, self.settings, self.authorizer)
+        return create_app(self.backend, self.settings, self.authorizer, limits=self.backend.limits)

@@ -272,6 +272,67 @@ class Settings(BaseSettings):
         "0: no history.",
     )
 
+    # --- usage limits (limits/, serve_app/limits.py): all 0 = off -----------------------------
+    rate_limit_user_per_minute: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="POST /ask requests one user may make per UTC minute (429 rate_limited "
+        "beyond, with Retry-After), counted across every replica. 0: no limit.",
+    )
+    rate_limit_domain_per_minute: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="POST /ask requests the members of one domain may make together per "
+        "minute; a request counts against each of its caller's domains. 0: no limit.",
+    )
+    budget_period: Literal["hour", "day", "week", "month"] = Field(
+        default="day",
+        description="The fixed UTC window the token and cost budgets cover (a week starts "
+        "on Monday).",
+    )
+    budget_user_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=10**12,
+        description="Model tokens (input + output) one user may spend per BUDGET_PERIOD; "
+        "once reached, /ask is a 429 budget_exceeded until the period ends. 0: no budget.",
+    )
+    budget_domain_tokens: int = Field(
+        default=0, ge=0, le=10**12, description="As BUDGET_USER_TOKENS, per domain."
+    )
+    budget_user_cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        le=1_000_000,
+        allow_inf_nan=False,
+        description="Estimated model cost (USD; the provider's figure when it reports one) "
+        "one user may spend per BUDGET_PERIOD. 0: no budget.",
+    )
+    budget_domain_cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        le=100_000_000,
+        allow_inf_nan=False,
+        description="As BUDGET_USER_COST_USD, per domain.",
+    )
+    limits_elevated_factor: float = Field(
+        default=1.0,
+        ge=1,
+        le=1000,
+        allow_inf_nan=False,
+        description="Callers in Cedar's `elevated` limit tier (policies/limits.cedar: "
+        "business_admin and up) get this many times the per-user limits; the `exempt` tier "
+        "(admin) is not limited at all.",
+    )
+    limits_fail_open: bool = Field(
+        default=False,
+        description="When the limit counters' database cannot be reached: false (default) "
+        "refuses /ask with 503 limits_unavailable; true answers uncounted (logged, counted "
+        "in agent_limit_decisions).",
+    )
+
     # --- observability ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["json", "console"] = "console"

@@ -95,6 +95,8 @@ class BackendError(Exception):
         status: int | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -103,6 +105,9 @@ class BackendError(Exception):
         if code is not None:
             self.code = code
         self.retry_after = retry_after
+        # Extra members of the error envelope (e.g. a 429's ``exceeded``) and response headers.
+        self.details = dict(details or {})
+        self.headers = dict(headers or {})
 
 
 class BackendOverloaded(BackendError):

@@ -36,6 +36,7 @@ from serve_app.backend import (
     IngestRun,
 )
 from serve_app.knowledge import LazyStore
+from serve_app.limits import RequestLimits
 from serve_app.readiness import Readiness, ReadinessCheck, lazy_store_checks, provider_check
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,15 @@ class LocalBackend:
         embedder: Embedder,
         conversations: ConversationStore,
         closables: Sequence[Closable] = (),
+        limits: RequestLimits | None = None,
     ) -> None:
         self.settings = settings
         self.agent = agent
         self.store = store
         self.embedder = embedder
         self._conversations = conversations
+        # The callers' rate limits and budgets (the app's /ask checks them; closed here).
+        self.limits = limits if limits is not None else RequestLimits.disabled()
         self._closables = list(closables)
         self._runs: OrderedDict[str, _Run] = OrderedDict()
 
@@ -240,6 +244,7 @@ class LocalBackend:
             except Exception:
                 log.warning("closing %s failed", type(closable).__name__, exc_info=True)
         await self._conversations.close()
+        await self.limits.close()
         await self.store.close()
 
 

@@ -53,7 +53,23 @@ HALLUCINATED = MetricSpec(
     "counter",
     "Citation markers the model invented (stripped from answers).",
 )
-ALL_METRICS = (REQUESTS, TOOL_CALLS, TOKENS, COST, HOPS, RETRIEVAL_LATENCY, HALLUCINATED)
+LIMIT_DECISIONS = MetricSpec(
+    "agent_limit_decisions",
+    "counter",
+    "Usage-limit decisions of /ask by outcome: allowed, exempt, rate_limited, budget_exceeded, "
+    "stream_cut, unavailable_open, unavailable_closed (serve_app.limits).",
+    ("outcome",),
+)
+ALL_METRICS = (
+    REQUESTS,
+    TOOL_CALLS,
+    TOKENS,
+    COST,
+    HOPS,
+    RETRIEVAL_LATENCY,
+    HALLUCINATED,
+    LIMIT_DECISIONS,
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,11 @@ def answer_measurements(answer: AgentAnswer) -> list[Measurement]:
 
 def retrieval_measurement(milliseconds: float) -> Measurement:
     return Measurement(RETRIEVAL_LATENCY, milliseconds)
+
+
+def limit_measurement(outcome: str) -> Measurement:
+    """One usage-limit decision (``serve_app.limits``)."""
+    return Measurement(LIMIT_DECISIONS, 1, (("outcome", outcome),))
 
 
 class MetricsSink(Protocol):

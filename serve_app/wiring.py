@@ -31,6 +31,7 @@ from retrieval.search import HybridRetriever, RetrievalConfig
 from retrieval.store import DocumentStore, PgDocumentStore
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.knowledge import LazyStore, connect_store
+from serve_app.limits import RequestLimits, build_request_limits
 from serve_app.local_backend import Closable, LocalBackend
 from serve_app.threads import LazyConversationStore
 
@@ -220,6 +221,7 @@ def build_local_backend(
     embedder: Embedder | None = None,
     downstream: Downstream | None = None,
     conversations: ConversationStore | None = None,
+    limits: RequestLimits | None = None,
 ) -> LocalBackend:
     """Every core object in this process (each part injectable for tests). Nothing here
     touches the network or the database: the store opens on first use (or in ``start``)."""
@@ -251,4 +253,5 @@ def build_local_backend(
         if conversations is not None
         else build_conversation_store(settings),
         closables=closables,
+        limits=limits if limits is not None else build_request_limits(settings),
     )

@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval": {"foundation"},
     "local_world": {"foundation"},
     "conversations": {"foundation"},
+    "usage_limits": {"foundation"},
     "agent": {"retrieval", "foundation"},
     "ingest_jobs": {"retrieval", "foundation"},
     "evals": {"agent", "retrieval", "foundation"},
@@ -29,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
         "agent",
         "retrieval",
         "conversations",
+        "usage_limits",
         "local_world",
         "foundation",
     },
@@ -39,6 +41,7 @@ ALLOWED: dict[str, set[str]] = {
         "agent",
         "retrieval",
         "conversations",
+        "usage_limits",
         "foundation",
     },
 }

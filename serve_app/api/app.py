@@ -28,7 +28,9 @@ new one) identifies the request in the logs.
   ``conversation_deleted`` (deleted while its question was answered; nothing stored).
   413 ``payload_too_large`` (body over ``max_body_bytes``).
 * 422 ``validation_error`` with ``fields: [{"field", "message", "type"}]``.
-* 429 ``overloaded`` (the backend sheds load; ``Retry-After``).
+* 429 ``overloaded`` (the backend sheds load; ``Retry-After``); ``rate_limited`` /
+  ``budget_exceeded`` (``/ask`` over a ``RATE_LIMIT_*``/``BUDGET_*`` limit: ``Retry-After``,
+  the envelope's ``exceeded`` says which; ``serve_app.limits``).
 * 500 ``internal_error``: a generic message with the request id; the exception is logged,
   never returned.
 * ``/ask`` runs that end in ``provider_error``: 502 (``provider_rejected``, ``malformed_reply``),
@@ -38,7 +40,8 @@ new one) identifies the request in the logs.
   the data of the stream's final ``error`` event (the status is already 200 by then).
 * Backend failures (``BackendError``: e.g. Serve timeouts or back-pressure) -> their status
   (503/504/429) with the envelope; 503 ``conversations_unavailable`` when the conversation
-  store's database cannot be reached.
+  store's database cannot be reached; 503 ``limits_unavailable`` when the usage limits'
+  cannot (and ``LIMITS_FAIL_OPEN`` is false).
 
 No Ray import here: the Serve ingress passes a backend of deployment handles, the
 single-process server an in-process one.
@@ -65,6 +68,7 @@ from serve_app.api.routes import ask, conversations, health, ingest
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
+from serve_app.limits import LIMIT_HEADERS, RequestLimits
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 API_TITLE = "agent-service"
@@ -83,9 +87,12 @@ def create_app(
     *,
     lifespan: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: RequestLimits | None = None,
 ) -> FastAPI:
     """The API over ``backend``. ``lifespan`` (a FastAPI lifespan context) lets the caller
-    start and close what the backend holds; the app never closes a backend it was given."""
+    start and close what the backend holds; the app never closes a backend it was given.
+    ``limits``: the callers' rate limits and budgets on ``/ask`` (``serve_app.limits``; the
+    caller closes them, as the backend); none: not limited."""
     prefix = settings.api_prefix
     app = FastAPI(
         title=API_TITLE,
@@ -100,6 +107,7 @@ def create_app(
     app.state.backend = backend
     app.state.settings = settings
     app.state.authorizer = authorizer
+    app.state.limits = limits if limits is not None else RequestLimits.disabled()
     install_error_handlers(app)
 
     api = APIRouter(prefix=prefix)
@@ -121,7 +129,7 @@ def create_app(
             allow_credentials=True,
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["authorization", "content-type", REQUEST_ID_HEADER],
-            expose_headers=[REQUEST_ID_HEADER],
+            expose_headers=[REQUEST_ID_HEADER, "retry-after", *LIMIT_HEADERS],
             max_age=600,
         )
     warn_if_auth_disabled(settings)

@@ -12,12 +12,14 @@ from serve_app.api.errors import ApiError
 from serve_app.auth import CurrentUser, SettingsDep, get_settings, require_user
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
+from serve_app.limits import RequestLimits
 
 __all__ = [
     "AuthorizerDep",
     "BackendDep",
     "CurrentUser",
     "IngestAdmin",
+    "LimitsDep",
     "SettingsDep",
     "get_authorizer",
     "get_backend",
@@ -37,7 +39,13 @@ def get_authorizer(request: Request) -> CedarAuthorizer:
     return authorizer
 
 
+def get_limits(request: Request) -> RequestLimits:
+    limits: RequestLimits = request.app.state.limits
+    return limits
+
+
 BackendDep = Annotated[ApiBackend, Depends(get_backend)]
+LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
 AuthorizerDep = Annotated[CedarAuthorizer, Depends(get_authorizer)]
 
 

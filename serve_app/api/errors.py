@@ -8,7 +8,8 @@ Codes: 400 ``bad_request`` (and ``model_not_allowed``), 401 ``unauthenticated``,
 ``forbidden`` (and ``model_override_forbidden``), 404 ``not_found``, 405
 ``method_not_allowed``, 409 ``ingest_in_progress``, ``conversation_full``,
 ``conversation_deleted``, 413 ``payload_too_large``, 422 ``validation_error``, 429
-``overloaded``, 500 ``internal_error``, 502/503/504 (see ``serve_app.api.app``:
+``overloaded``, ``rate_limited``, ``budget_exceeded`` (with ``exceeded``: what, by whom, the
+limit, the use, the window), 500 ``internal_error``, 502/503/504 (see ``serve_app.api.app``:
 ``provider_rejected``, ``malformed_reply``, ``provider_unavailable``, ``backend_unavailable``,
 ``conversations_unavailable``, ``timeout``).
 """
@@ -97,7 +98,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         "(`conversation_deleted`)",
         413: "Request body too large",
         422: "Invalid request body or parameters; `fields` names each bad field",
-        429: "Overloaded; retry after `Retry-After` seconds",
+        429: "Overloaded (`overloaded`), or a usage limit reached: `rate_limited` (requests "
+        "per minute) or `budget_exceeded` (tokens or cost per period), with `exceeded` "
+        "listing each limit; retry after `Retry-After` seconds",
         500: "Internal error (logged with the request id)",
         502: "The model provider rejected the request or sent an unusable reply",
         503: "Unavailable (the model provider, or a dependency)",
@@ -307,9 +310,8 @@ async def _backend_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BackendError)
     if exc.status >= 500:
         log.warning("backend error %s (%s): %s", exc.status, exc.code, exc.message)
-    return error_response(
-        exc.status, exc.message, code=exc.code, headers=_retry_after(exc.retry_after)
-    )
+    headers = {**exc.headers, **_retry_after(exc.retry_after)}
+    return error_response(exc.status, exc.message, code=exc.code, headers=headers, **exc.details)
 
 
 def install_error_handlers(app: FastAPI) -> None:

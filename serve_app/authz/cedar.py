@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cedarpy
 
@@ -27,6 +27,8 @@ from foundation.roles import ROLE_WEIGHTS
 
 log = logging.getLogger(__name__)
 
+LimitTier = Literal["exempt", "elevated", "standard"]
+
 POLICY_DIR = Path(__file__).with_name("policies")
 SCHEMA_FILE = "schema.cedarschema"
 KNOWLEDGE_BASE_ID = "documentation"
@@ -34,6 +36,9 @@ KNOWLEDGE_BASE_ID = "documentation"
 INGEST_DOCUMENTS = "IngestDocuments"
 ACCESS_DOMAIN = "AccessDomain"
 OVERRIDE_MODEL = "OverrideModel"
+USE_LIMIT_TIER = "UseLimitTier"
+# Asked in this order; the first permitted is the caller's tier (none: "standard").
+LIMIT_TIERS: tuple[LimitTier, ...] = ("exempt", "elevated")
 
 
 class AuthzConfigError(RuntimeError):
@@ -69,7 +74,7 @@ def _user_entity(user: AuthUser) -> dict[str, Any]:
 
 
 class CedarAuthorizer:
-    """Parsed, validated Cedar policies and the three decisions the service needs."""
+    """Parsed, validated Cedar policies and the decisions the service needs."""
 
     def __init__(self, policies: dict[str, str], schema_text: str) -> None:
         """``policies``: file name -> Cedar text. Raises ``AuthzConfigError``."""
@@ -164,6 +169,17 @@ class CedarAuthorizer:
             user, OVERRIDE_MODEL, _uid("Model", model), {"min_role_weight": min_role_weight}
         )
         return self._decide(user, [request])[0]
+
+    def limit_tier(self, user: AuthUser) -> LimitTier:
+        """``UseLimitTier``: the usage-limit tier of the caller (policies/limits.cedar), the
+        first of ``LIMIT_TIERS`` Cedar permits, else ``standard``; one batch."""
+        requests = [
+            self._request(user, USE_LIMIT_TIER, _uid("LimitTier", tier)) for tier in LIMIT_TIERS
+        ]
+        for tier, allowed in zip(LIMIT_TIERS, self._decide(user, requests), strict=True):
+            if allowed:
+                return tier
+        return "standard"
 
 
 def load_authorizer(directory: Path = POLICY_DIR) -> CedarAuthorizer:

@@ -26,6 +26,7 @@ from serve_app.metrics import (
     InMemoryMetrics,
     Measurement,
     answer_measurements,
+    limit_measurement,
     retrieval_measurement,
 )
 
@@ -144,7 +145,11 @@ def test_every_measurement_carries_exactly_its_metrics_tags() -> None:
         cost=CostOut(estimated_usd=0.01),
         hallucinated=("x",),
     )
-    measurements = [*answer_measurements(answer), retrieval_measurement(12.5)]
+    measurements = [
+        *answer_measurements(answer),
+        retrieval_measurement(12.5),
+        limit_measurement("rate_limited"),
+    ]
     assert {m.spec for m in measurements} == set(ALL_METRICS)
     for m in measurements:
         assert tuple(key for key, _ in m.tags) == m.spec.tag_keys, m

@@ -29,6 +29,14 @@ backend's event iterator, which cancels the model call and running tools; so doe
 ``error`` event whose code is ``timeout``. A client that does
 not know an event name skips it (new progress stages may appear).
 
+Usage limits (``serve_app.limits``, off unless a ``RATE_LIMIT_*``/``BUDGET_*`` setting is
+set): checked last, right before the run (a request refused for another reason counts
+against none); over one: ``429`` ``rate_limited`` or ``budget_exceeded`` with
+``Retry-After`` and the envelope's ``exceeded``. Admitted answers (JSON, and the stream's
+headers) carry the remaining allowance (``X-RateLimit-*``, ``X-Budget-*``). A stream whose
+estimated usage crosses the budget left at admission is cancelled and ends with an
+``error`` event ``budget_exceeded``; its estimated usage is charged.
+
 The ``done`` answer is authoritative: clients replace the text built from ``token`` events with
 ``done.answer`` (and the ``citation`` events with ``done.citations``). Tokens are sent as the
 model writes them, before the service checks the answer; an answer whose figures no tool result
@@ -63,7 +71,7 @@ from agent.answer import (
     ToolEvent,
 )
 from foundation.tracing import carrier_from_headers
-from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, SettingsDep
+from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, LimitsDep, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
 from serve_app.api.middleware import current_request_id
 from serve_app.backend import AskParams, BackendError, BackendTimeout
@@ -261,7 +269,7 @@ async def sse_events(
         yield _sse("error", envelope("internal_error", "the answer stream ended early"))
     except BackendError as exc:
         log.warning("backend error mid-stream (request_id=%s): %s", request_id, exc.message)
-        yield _sse("error", envelope(exc.code, exc.message))
+        yield _sse("error", envelope(exc.code, exc.message, **exc.details))
     except Exception:
         log.exception("unhandled error mid-stream (request_id=%s)", request_id)
         message = INTERNAL_ERROR_MESSAGE
@@ -375,6 +383,7 @@ async def ask(
     backend: BackendDep,
     settings: SettingsDep,
     authorizer: AuthorizerDep,
+    limits: LimitsDep,
 ) -> Response:
     model = check_model_override(user, body.model, settings, authorizer)
     thread = await open_thread(
@@ -396,11 +405,25 @@ async def ask(
         ),
         history=thread.history,
     )
+    # The caller's rate limits and budgets, last: a request refused for any other reason
+    # counts against none of them (LimitExceeded: 429; serve_app.limits).
+    admission = await limits.admit(user, authorizer)
     if body.stream:
-        events = within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds)
-        return EventSourceResponse(
-            sse_events(thread.recording(events), current_request_id()), ping=SSE_PING_SECONDS
+        events = admission.metered(
+            within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds),
+            question=body.question,
+            history=thread.history,
+            model=model,
         )
-    answer = await thread.record(await backend.ask(user, params))
+        return EventSourceResponse(
+            sse_events(thread.recording(events), current_request_id()),
+            ping=SSE_PING_SECONDS,
+            headers=admission.headers(),
+        )
+    result = await backend.ask(user, params)
+    await admission.record(result)
+    answer = await thread.record(result)
     status = provider_error_status(answer) if answer.decision == "provider_error" else 200
-    return JSONResponse(answer.model_dump(mode="json"), status_code=status)
+    return JSONResponse(
+        answer.model_dump(mode="json"), status_code=status, headers=admission.headers()
+    )
