@@ -90,11 +90,14 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class Turn:
-    """A stored turn: its number in the conversation (from 1) and when it was written."""
+    """A stored turn: its number in the conversation (from 1) and when it was written.
+    ``answer_withheld``: read with a citation the reader can no longer see, so its answer is
+    not the stored one (``conversations.recheck``)."""
 
     number: int
     created_at: datetime
     record: TurnRecord
+    answer_withheld: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -41,8 +41,10 @@ from serve_app.backend import (
     IngestRun,
     IngestStatus,
 )
+from serve_app.knowledge import LazyStore
 from serve_app.limits import RequestLimits, build_request_limits
 from serve_app.readiness import Readiness, ReadinessCheck
+from serve_app.threads import visible_chunks
 from serve_app.wiring import build_conversation_store, replica_settings
 
 RUN_PREFIX = "ingest-"
@@ -104,6 +106,7 @@ class ServeBackend:
         settings: Settings,
         *,
         conversations: ConversationStore | None = None,
+        knowledge: LazyStore | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
         self._agent = agent
@@ -115,6 +118,10 @@ class ServeBackend:
         self._conversations = (
             conversations if conversations is not None else build_conversation_store(settings)
         )
+        # The knowledge base (a pool of its own, opened on first use), only to re-check a
+        # thread's stored citations against the caller's permissions now; searches run in
+        # the Retriever deployment.
+        self._knowledge = knowledge if knowledge is not None else LazyStore(settings)
         # The callers' rate limits and budgets, counted in the database every replica shares
         # (a pool of its own, opened on first use; nothing when every limit is off).
         self.limits = limits if limits is not None else build_request_limits(settings)
@@ -122,6 +129,9 @@ class ServeBackend:
     @property
     def conversations(self) -> ConversationStore:
         return self._conversations
+
+    async def visible_chunks(self, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
+        return await visible_chunks(self._knowledge, user, chunk_ids)
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         # Our own deadline, below Serve's request_timeout_s, so a slow run ends with the
@@ -251,6 +261,7 @@ class ServeBackend:
 
     async def close(self) -> None:
         await self._conversations.close()
+        await self._knowledge.close()
         await self.limits.close()
 
 

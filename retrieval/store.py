@@ -8,6 +8,11 @@ Reads: one statement runs both searches, each filtered by the caller's ACL in SQ
 after): pgvector cosine over HNSW with iterative scans (so a restrictive ACL still yields k
 rows) and ``websearch_to_tsquery`` full-text over the GIN index. It returns each candidate's
 rank in each list; fusion (RRF) happens in Python (``retrieval.fusion``).
+
+``visible_chunk_ids`` answers "which of these chunks may this caller see now" with the same
+ACL predicate (``ACL_PREDICATE`` over ``held_entries``): a chunk that is gone (its document
+deleted, or re-ingested with other text, so another id) is not among them either. A
+conversation's stored citations are re-checked with it when the thread is read.
 """
 
 from __future__ import annotations
@@ -93,6 +98,10 @@ class DocumentStore(Protocol):
         k_keyword: int,
     ) -> list[Candidate]: ...
 
+    async def visible_chunk_ids(self, chunk_ids: Iterable[str], acl: Sequence[str]) -> set[str]:
+        """Those of ``chunk_ids`` that exist and that a caller holding ``acl`` may see."""
+        ...
+
     async def counts(self) -> tuple[int, int]: ...
 
     async def close(self) -> None: ...
@@ -142,9 +151,20 @@ def _document_rows(docs: Sequence[DocumentRecord]) -> str:
     )
 
 
-# $2 is the caller's entries plus PUBLIC_ACL_SENTINEL (see the migration's acl_match column).
+# $2 is the caller's entries plus PUBLIC_ACL_SENTINEL (see the migration's acl_match column):
+# held_entries. The one ACL rule of every read (the search and visible_chunk_ids).
 ACL_PREDICATE = "c.acl_match && $2::text[]"
 PUBLIC_ACL_SENTINEL = "*"
+
+
+def held_entries(acl: Sequence[str]) -> list[str]:
+    """What ``ACL_PREDICATE``'s ``$2`` holds for a caller of ``acl``: its entries and the
+    public sentinel. PostgreSQL text cannot hold U+0000 (the statement would fail): an entry
+    holding one can match no stored ACL, so it is dropped."""
+    return [PUBLIC_ACL_SENTINEL, *(entry for entry in acl if "\x00" not in entry)]
+
+
+VISIBLE_CHUNKS_SQL = f"SELECT c.id FROM chunks c WHERE c.id = ANY($1::text[]) AND {ACL_PREDICATE}"
 # A query word in more chunks than this does not select keyword candidates by itself (it
 # still counts in the rank): bounds the keyword side's work (bench/search.py, real text).
 DEFAULT_KEYWORD_COMMON_ROWS = 1000
@@ -381,9 +401,8 @@ class PgDocumentStore:
         k_vector: int,
         k_keyword: int,
     ) -> list[Candidate]:
-        # PostgreSQL text cannot hold U+0000 (the statement would fail): an entry holding one
-        # can match no stored ACL, so it is dropped; in the query it separates words.
-        held = [PUBLIC_ACL_SENTINEL, *(entry for entry in acl if "\x00" not in entry)]
+        held = held_entries(acl)
+        # PostgreSQL text cannot hold U+0000: in the query it separates words.
         query_text = keyword_query_text(query_text.replace("\x00", " "))
         rows = await self._pool.fetch(
             HYBRID_SQL,
@@ -408,6 +427,13 @@ class PgDocumentStore:
             )
             for r in rows
         ]
+
+    async def visible_chunk_ids(self, chunk_ids: Iterable[str], acl: Sequence[str]) -> set[str]:
+        ids = sorted({i for i in chunk_ids if "\x00" not in i})  # no stored id holds U+0000
+        if not ids:
+            return set()
+        rows = await self._pool.fetch(VISIBLE_CHUNKS_SQL, ids, held_entries(acl))
+        return {r["id"] for r in rows}
 
     async def counts(self) -> tuple[int, int]:
         row = await self._pool.fetchrow(

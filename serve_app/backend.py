@@ -6,7 +6,7 @@ process, for the single-process server and the route tests) and the Ray Serve on
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -70,6 +70,14 @@ class ApiBackend(Protocol):
         """The callers' conversations (``serve_app.threads`` keeps ``/ask`` turns in them;
         the ``/conversations`` routes read and delete them). A database failure surfaces
         as ``ConversationsUnavailable``."""
+        ...
+
+    async def visible_chunks(self, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
+        """Those of ``chunk_ids`` that exist and ``user`` may see now: the knowledge base's
+        ACL rule, the search's own (``PgDocumentStore.visible_chunk_ids``). A thread's stored
+        citations are re-checked with it when it is read or continued
+        (``conversations.recheck``). A database failure surfaces as
+        ``ConversationsUnavailable`` (the thread is not shown unchecked)."""
         ...
 
     async def readiness(self) -> Readiness: ...

@@ -82,6 +82,9 @@ class LazyStore:
             query_text, query_vector, acl, k_vector=k_vector, k_keyword=k_keyword
         )
 
+    async def visible_chunk_ids(self, chunk_ids: Iterable[str], acl: Sequence[str]) -> set[str]:
+        return await (await self.get()).visible_chunk_ids(chunk_ids, acl)
+
     async def counts(self) -> tuple[int, int]:
         return await (await self.get()).counts()
 

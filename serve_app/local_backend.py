@@ -17,7 +17,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ from serve_app.backend import (
 from serve_app.knowledge import LazyStore
 from serve_app.limits import RequestLimits
 from serve_app.readiness import Readiness, ReadinessCheck, lazy_store_checks, provider_check
+from serve_app.threads import visible_chunks
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,9 @@ class LocalBackend:
     @property
     def conversations(self) -> ConversationStore:
         return self._conversations
+
+    async def visible_chunks(self, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
+        return await visible_chunks(self.store, user, chunk_ids)
 
     # --- readiness ------------------------------------------------------------------------------
 

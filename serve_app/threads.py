@@ -24,6 +24,12 @@ database cannot be reached when the turn is written, the answer is still returne
 ``turn: null`` (and, for a new conversation, ``conversation_id: null``) and a note saying it
 was not stored.
 
+Read-time permissions (``conversations.recheck``): the turns that become the run's history
+are first re-checked against the caller's permissions now (``ChunkVisibility``: the
+knowledge base's ACL rule): a turn whose answer cited a chunk the caller can no longer see
+(narrowed, or gone) goes to the model with ``WITHHELD_ANSWER`` in place of its answer. The
+check fails closed: if it cannot run, the question is refused with 503.
+
 ``LazyConversationStore`` is the store both backends hold: the PostgreSQL adapter opened on
 first use (and again after a failure), with database failures turned into
 ``ConversationsUnavailable`` (503).
@@ -34,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,6 +49,7 @@ from pydantic import Field
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
 from agent.llm.base import Message
+from conversations.recheck import cited_chunk_ids, recheck
 from conversations.store import (
     Citation,
     Conversation,
@@ -67,6 +74,7 @@ from serve_app.backend import (
     ConversationsUnavailable,
 )
 from serve_app.history import history_messages
+from serve_app.knowledge import LazyStore
 from serve_app.lazy import OpenedOnFirstUse
 
 log = logging.getLogger(__name__)
@@ -154,6 +162,33 @@ class LazyConversationStore:
 
     async def close(self) -> None:
         await self._store.close()
+
+
+# --- read-time permissions -------------------------------------------------------------------
+
+# Which of these chunk ids the caller may see now (``ApiBackend.visible_chunks`` bound to the
+# caller): the knowledge base's ACL rule, the search's own (``PgDocumentStore``).
+ChunkVisibility = Callable[[Collection[str]], Awaitable[set[str]]]
+
+
+async def visible_chunks(store: LazyStore, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
+    """``store.visible_chunk_ids`` for ``user`` (no statement for no ids); a database failure
+    is ``ConversationsUnavailable``: a thread is not shown unchecked."""
+    if not chunk_ids:
+        return set()
+    try:
+        return await store.visible_chunk_ids(chunk_ids, user.acl_entries)
+    except DATABASE_FAILURES as exc:
+        log.warning("citation check: %s: %s", type(exc).__name__, exc)
+        raise ConversationsUnavailable(UNAVAILABLE_MESSAGE, retry_after=5) from None
+
+
+async def rechecked(turns: Iterable[Turn], can_see: ChunkVisibility | None) -> list[Turn]:
+    """``turns`` as the caller may be shown them now (``conversations.recheck``): one
+    visibility query for all their citations (``can_see`` None: no chunk is visible)."""
+    turns = list(turns)
+    ids = cited_chunk_ids(turns)
+    return recheck(turns, await can_see(ids) if ids and can_see is not None else set())
 
 
 # --- /ask in a thread ------------------------------------------------------------------------
@@ -304,13 +339,16 @@ async def open_thread(
     question: str,
     conversation_id: uuid.UUID | None,
     *,
+    can_see: ChunkVisibility | None = None,
     max_turns: int,
     history_max_tokens: int = 0,
 ) -> Thread:
     """The ``/ask``'s thread, checked before any model call: ``ConversationNotFound`` (not
     the caller's), ``ConversationFullError`` (``max_turns`` reached), or
     ``ConversationsUnavailable`` (the database is down) for an existing conversation, whose
-    newest turns within ``history_max_tokens`` become the thread's ``history``."""
+    newest turns within ``history_max_tokens``, re-checked with ``can_see`` (the chunks the
+    caller may see now; None: none, so every answer that cited one is withheld), become the
+    thread's ``history``."""
     history: tuple[Message, ...] = ()
     if conversation_id is not None:
         found = await store.read(user.sub, conversation_id)
@@ -319,7 +357,10 @@ async def open_thread(
         conversation, turns = found
         if conversation.turn_count >= max_turns:
             raise ConversationFullError(full_message(conversation_id, max_turns))
-        history = history_messages(turns, max_tokens=history_max_tokens)
+        if history_max_tokens > 0:
+            history = history_messages(
+                await rechecked(turns, can_see), max_tokens=history_max_tokens
+            )
     return Thread(
         store=store,
         owner=user.sub,

@@ -2,7 +2,9 @@
 no Ray) with the conversation store the Ingress builds for itself (``LazyConversationStore``
 on the real embedded PostgreSQL), under the real FastAPI app over ASGI. A thread started by
 a JSON ``/ask`` continues over SSE, each turn stored once and read back whole; the Ingress's
-pool is closed with the backend."""
+pool is closed with the backend. A stored citation is re-checked through the Ingress's own
+knowledge-base pool: one whose chunk is gone is left out on read and its answer withheld,
+also in the history the next ``AgentLoop`` call gets."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from agent.answer import AgentAnswer, AgentEvent, CitationOut, DoneEvent, TokenEvent
+from conversations.recheck import WITHHELD_ANSWER
 from deployments.ingress import ServeBackend
 from foundation.settings import Settings
 from local_world.claims import encode_claims
@@ -32,14 +35,17 @@ def _answer(text: str) -> AgentAnswer:
 
 
 class _Answer:
-    def __init__(self) -> None:
+    def __init__(self, **fields: Any) -> None:
         self.questions: list[str] = []
+        self.calls: list[tuple[Any, ...]] = []
+        self.fields = fields
 
     def remote(self, question: str, *args: Any) -> Any:
         self.questions.append(question)
+        self.calls.append(args)
 
         async def respond() -> AgentAnswer:
-            return _answer(f"answer to {question}")
+            return _answer(f"answer to {question}").model_copy(update=self.fields)
 
         return respond()
 
@@ -69,21 +75,25 @@ class _Stream:
 
 
 class _Handle:
-    def __init__(self) -> None:
-        self.answer = _Answer()
+    def __init__(self, **fields: Any) -> None:
+        self.answer = _Answer(**fields)
         self.stream = _Stream()
 
     def options(self, **_: Any) -> _Handle:
         return self
 
 
-async def test_a_thread_through_the_serve_ingress(db_url: str, tmp_path: Path) -> None:
-    settings = Settings(
+def _settings(db_url: str, tmp_path: Path) -> Settings:
+    return Settings(
         _env_file=None,  # type: ignore[call-arg]
         agent_service_home=tmp_path,
         database_url=db_url,
         llm_api_key="unused",
     )
+
+
+async def test_a_thread_through_the_serve_ingress(db_url: str, tmp_path: Path) -> None:
+    settings = _settings(db_url, tmp_path)
     handle: Any = _Handle()
     backend = ServeBackend(handle, settings)
     assert isinstance(backend.conversations, LazyConversationStore)  # its own, opened lazily
@@ -110,3 +120,37 @@ async def test_a_thread_through_the_serve_ingress(db_url: str, tmp_path: Path) -
     finally:
         await backend.close()
     assert handle.answer.questions == ["one"]
+
+
+async def test_the_ingress_rechecks_a_stored_citation_on_read_and_in_history(
+    db_url: str, tmp_path: Path
+) -> None:
+    gone = CitationOut(chunk_id="gone00000001", source="a.md", section="A", snippet="secret")
+    handle: Any = _Handle(citations=[gone])
+    settings = _settings(db_url, tmp_path)
+    backend = ServeBackend(handle, settings)
+    app = create_app(backend, settings, load_authorizer())
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://ingress"
+        ) as http:
+            ident = (await http.post("/ask", json={"question": "one"}, headers=NINA)).json()[
+                "conversation_id"
+            ]
+            read = await http.get(f"/conversations/{ident}", headers=NINA)
+            (turn,) = read.json()["turns"]
+            assert (turn["answer"], turn["answer_withheld"], turn["citations"]) == (
+                WITHHELD_ANSWER,
+                True,
+                [],
+            )
+            assert "secret" not in read.text and "answer to one" not in read.text
+            follow = {"question": "two", "conversation_id": ident}
+            assert (await http.post("/ask", json=follow, headers=NINA)).status_code == 200
+    finally:
+        await backend.close()
+    history = handle.answer.calls[1][-1]  # AgentLoop.answer's last argument
+    assert [(m.role, m.content) for m in history] == [
+        ("user", "one"),
+        ("assistant", WITHHELD_ANSWER),
+    ]

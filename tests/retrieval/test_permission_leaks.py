@@ -469,6 +469,9 @@ async def check_example(
             pytest.fail(f"LEAK: {explain(cid)}")
         for cid in visible - got:
             pytest.fail(f"MISSING: {explain(cid)}")
+        # ... and the read-time check of a conversation's citations (the same predicate):
+        # exactly the visible chunks, and never an id that is gone
+        assert await h.store.visible_chunk_ids([*corpus.chunks, "gone"], held) == visible
         counts["acl_sweeps"] += 1
         counts["pairs_checked"] += total
 

@@ -52,6 +52,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, cast
 
 import anyio
@@ -391,6 +392,7 @@ async def ask(
         user,
         body.question,
         body.conversation_id,
+        can_see=partial(backend.visible_chunks, user),
         max_turns=settings.conversation_max_turns,
         history_max_tokens=settings.resolved_history_max_tokens,
     )

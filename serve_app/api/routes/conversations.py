@@ -7,6 +7,11 @@ Any authenticated caller, for their own conversations only (the owner is the cal
 single statement. An id that is not a UUID is a ``422``. ``503``
 ``conversations_unavailable`` when the database cannot be reached.
 
+A thread is shown as the caller may see it now (``conversations.recheck``): a stored
+citation whose chunk the caller can no longer see (its page's ACL narrowed since, or the
+page deleted or re-ingested with other text) is left out, and the answer that cited it is
+withheld (``answer_withheld``), since it may quote the page.
+
 The list runs most recently active first (a new turn moves a conversation to the top),
 ``limit`` (1-100, default 20) at a time; ``next_cursor`` (opaque) asks for the next page, and
 is ``null`` on the last one.
@@ -18,6 +23,7 @@ import base64
 import binascii
 import uuid
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -29,7 +35,7 @@ from conversations.store import Conversation, PageCursor, Turn
 from serve_app.api.deps import BackendDep, CurrentUser
 from serve_app.api.errors import ErrorEnvelope, error_responses
 from serve_app.backend import ConversationNotFound
-from serve_app.threads import not_found_message
+from serve_app.threads import not_found_message, rechecked
 
 router = APIRouter(tags=["conversations"])
 
@@ -57,8 +63,18 @@ class ConversationList(BaseModel):
 class TurnOut(BaseModel):
     turn: int = Field(description="The turn's number in the conversation, from 1.")
     question: str
-    answer: str
-    citations: list[CitationOut]
+    answer: str = Field(
+        description="The answer as it was given; a fixed note instead when `answer_withheld`."
+    )
+    answer_withheld: bool = Field(
+        default=False,
+        description="The answer cited documentation the caller can no longer see (its "
+        "access narrowed since, or the page deleted or changed): the answer is not shown, "
+        "and those citations are left out. Ask again for an answer from what you can see.",
+    )
+    citations: list[CitationOut] = Field(
+        description="The cited chunks the caller may still see (re-checked at every read)."
+    )
     tool_calls: list[ToolCallTrace]
     decision: Decision
     idk: bool
@@ -89,6 +105,7 @@ def turn_out(turn: Turn) -> TurnOut:
         turn=turn.number,
         question=record.question,
         answer=record.answer,
+        answer_withheld=turn.answer_withheld,
         citations=[
             CitationOut(chunk_id=c.chunk_id, source=c.source, section=c.section, snippet=c.snippet)
             for c in record.citations
@@ -188,7 +205,7 @@ async def list_conversations(
     "/conversations/{conversation_id}",
     response_model=ConversationOut,
     responses={**error_responses(401, 422, 500, 503), **_NOT_FOUND},
-    summary="One of the caller's conversations, with its turns",
+    summary="One of the caller's conversations, with its turns (citations re-checked)",
 )
 async def get_conversation(
     conversation_id: uuid.UUID, user: CurrentUser, backend: BackendDep
@@ -196,7 +213,8 @@ async def get_conversation(
     found = await backend.conversations.read(user.sub, conversation_id)
     if found is None:
         raise ConversationNotFound(not_found_message(conversation_id))
-    conversation, turns = found
+    conversation, stored = found
+    turns = await rechecked(stored, partial(backend.visible_chunks, user))
     return ConversationOut(**summary(conversation).model_dump(), turns=[turn_out(t) for t in turns])
 
 

@@ -9,7 +9,7 @@ import hmac
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,9 @@ class FakeBackend:
                 yield item
         finally:
             self.stream_closed = True
+
+    async def visible_chunks(self, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
+        return set(chunk_ids)  # no knowledge base here: every cited chunk is visible
 
     async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun:
         run = IngestRun(run_id=f"run-{len(self.runs)}", status="pending")
