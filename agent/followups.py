@@ -76,6 +76,9 @@ _REFERRING = re.compile(
     r"|\b(?P<poss>its|their)\b"
     r"|\b(?P<there>(?:in|at|from|for)\s+there)\b"
     r"|\b(?P<pron>it|they|them|those|these)\b"
+    # "what does that mean?", "why is that?": a demonstrative standing for a thing
+    r"|\b(?P<that>that|this)\b(?=\s+(?:mean|means|do|does|work|works|happen|happens)\b"
+    r"|\s*[?.!]*\s*$)"
     r"|\b(?P<end>there)\s*[?.!]*\s*$",
     re.IGNORECASE,
 )

@@ -58,6 +58,7 @@ def test_it_is_a_query_rewriter_port() -> None:
         "How long is the occupancy alert cooldown?",
         "Is there a way to export reports?",  # an existential "there" refers to nothing
         "How do users change their password?",  # "their" binds to "users"
+        "How do I make sure that alerts reach the on-call phone?",  # "that" joins a clause
         "What does CV-E1014 mean?",  # its own error code
         "How busy is Northwind HQ right now?",  # its own building
         "Which sensors are installed in room room-harbor-cold-store?",  # its own room id
@@ -83,6 +84,8 @@ def test_a_first_question_is_never_rewritten() -> None:
         ("How do I fix it?", "How do I fix CV-E1033?"),
         ("what does that error mean for my gateway?", "what does CV-E1033 mean for my gateway?"),
         ("and CV-E1014?", "What does CV-E1014 mean?"),  # ellipsis: the code swapped
+        ("what does that mean for my gateway?", "what does CV-E1033 mean for my gateway?"),
+        ("Why is that?", "Why is CV-E1033?"),
     ],
 )
 def test_an_error_code_is_carried(question: str, expected: str) -> None:
