@@ -16,6 +16,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
+from agent.followups import PriorTurn
 from agent.llm.base import Message, ToolCall, ToolSpec
 from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
@@ -133,10 +134,11 @@ class AgentLoopDeployment:
         top_k: int | None,
         trace_context: dict[str, str] | None = None,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AgentAnswer:
         with use_context(trace_context):
             answer = await self.agent.answer(
-                question, user, model=model, top_k=top_k, history=history
+                question, user, model=model, top_k=top_k, history=history, earlier=earlier
             )
         self.metrics.record(answer_measurements(answer))
         return answer
@@ -149,11 +151,14 @@ class AgentLoopDeployment:
         top_k: int | None,
         trace_context: dict[str, str] | None = None,
         history: Sequence[Message] = (),
+        earlier: Sequence[PriorTurn] = (),
     ) -> AsyncIterator[AgentEvent]:
         # Called through a streaming handle; a client disconnect cancels this generator
         # (and, through the loop, the running tools).
         with use_context(trace_context):
-            stream = self.agent.stream(question, user, model=model, top_k=top_k, history=history)
+            stream = self.agent.stream(
+                question, user, model=model, top_k=top_k, history=history, earlier=earlier
+            )
             async for event in stream:
                 if isinstance(event, DoneEvent):
                     self.metrics.record(answer_measurements(event.response))

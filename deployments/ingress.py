@@ -143,6 +143,7 @@ class ServeBackend:
             params.top_k,
             params.trace_context,
             params.history,
+            params.earlier,
         )
         try:
             async with asyncio.timeout(self._settings.ask_timeout_seconds):
@@ -171,6 +172,7 @@ class ServeBackend:
                 params.top_k,
                 params.trace_context,
                 params.history,
+                params.earlier,
             ),
         )
         try:

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.answer import AgentAnswer, AgentEvent
+from agent.followups import PriorTurn
 from agent.llm.base import Message
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
@@ -28,6 +29,8 @@ class AskParams:
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent carrier
     # Earlier turns of the conversation, fitted to HISTORY_MAX_TOKENS (serve_app.history)
     history: tuple[Message, ...] = ()
+    # The same turns as the follow-up rewriter reads them (serve_app.history.prior_turns)
+    earlier: tuple[PriorTurn, ...] = ()
 
 
 class IngestRequest(BaseModel):

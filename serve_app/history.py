@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from agent.citations import MARKER
+from agent.followups import MAX_EARLIER, PriorTurn, prior_turn
 from agent.llm.base import Message
 from conversations.store import Turn
 
@@ -70,3 +71,16 @@ def history_messages(
         used += cost
         picked.append((question, answer))
     return tuple(message for pair in reversed(picked) for message in pair)
+
+
+def prior_turns(turns: Sequence[Turn], *, limit: int = MAX_EARLIER) -> tuple[PriorTurn, ...]:
+    """The newest ``limit`` turns, oldest first, as the follow-up rewriter reads them
+    (``agent.followups``): the question, the answer without citation markers, and the
+    building and room ids of the turn's successful tool calls. Not sent to the model, so
+    not counted against ``HISTORY_MAX_TOKENS``: a follow-up is rewritten from the turns
+    before it even where the model's budget holds fewer of them."""
+    newest = sorted(turns, key=lambda t: t.number)[-limit:] if limit > 0 else []
+    return tuple(
+        prior_turn(t.record.question, without_markers(t.record.answer), t.record.tool_calls)
+        for t in newest
+    )

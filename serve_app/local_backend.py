@@ -121,6 +121,7 @@ class LocalBackend:
                 model=params.model,
                 top_k=params.top_k,
                 history=params.history,
+                earlier=params.earlier,
             )
 
     async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
@@ -131,6 +132,7 @@ class LocalBackend:
                 model=params.model,
                 top_k=params.top_k,
                 history=params.history,
+                earlier=params.earlier,
             )
             try:
                 async for event in events:

@@ -48,6 +48,7 @@ import asyncpg
 from pydantic import Field
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
+from agent.followups import PriorTurn
 from agent.llm.base import Message
 from conversations.recheck import cited_chunk_ids, recheck
 from conversations.store import (
@@ -73,7 +74,7 @@ from serve_app.backend import (
     ConversationNotFound,
     ConversationsUnavailable,
 )
-from serve_app.history import history_messages
+from serve_app.history import history_messages, prior_turns
 from serve_app.knowledge import LazyStore
 from serve_app.lazy import OpenedOnFirstUse
 
@@ -248,6 +249,8 @@ class Thread:
     conversation_id: uuid.UUID | None
     max_turns: int
     history: tuple[Message, ...] = ()  # what the model is given of the earlier turns
+    # What the follow-up rewriter reads of them (the same re-checked turns; agent.followups)
+    earlier: tuple[PriorTurn, ...] = ()
 
     def _response(
         self,
@@ -348,8 +351,10 @@ async def open_thread(
     ``ConversationsUnavailable`` (the database is down) for an existing conversation, whose
     newest turns within ``history_max_tokens``, re-checked with ``can_see`` (the chunks the
     caller may see now; None: none, so every answer that cited one is withheld), become the
-    thread's ``history``."""
+    thread's ``history``; the newest of the same re-checked turns, whatever the budget, its
+    ``earlier`` (what the follow-up rewriter reads; none at a budget of 0)."""
     history: tuple[Message, ...] = ()
+    earlier: tuple[PriorTurn, ...] = ()
     if conversation_id is not None:
         found = await store.read(user.sub, conversation_id)
         if found is None:
@@ -358,9 +363,9 @@ async def open_thread(
         if conversation.turn_count >= max_turns:
             raise ConversationFullError(full_message(conversation_id, max_turns))
         if history_max_tokens > 0:
-            history = history_messages(
-                await rechecked(turns, can_see), max_tokens=history_max_tokens
-            )
+            seen = await rechecked(turns, can_see)
+            history = history_messages(seen, max_tokens=history_max_tokens)
+            earlier = prior_turns(seen)
     return Thread(
         store=store,
         owner=user.sub,
@@ -368,4 +373,5 @@ async def open_thread(
         conversation_id=conversation_id,
         max_turns=max_turns,
         history=history,
+        earlier=earlier,
     )

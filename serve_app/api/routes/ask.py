@@ -406,6 +406,7 @@ async def ask(
             session_id=request.headers.get(SESSION_HEADER),
         ),
         history=thread.history,
+        earlier=thread.earlier,
     )
     # The caller's rate limits and budgets, last: a request refused for any other reason
     # counts against none of them (LimitExceeded: 429; serve_app.limits).

@@ -32,9 +32,9 @@ def thread(
 ) -> Callable[..., Any]:
     """Asks ``questions`` in one thread; returns the JSON answers."""
 
-    async def run(*questions: str) -> list[dict[str, Any]]:
+    async def run(*questions: str, **overrides: Any) -> list[dict[str, Any]]:
         settings = make_settings(
-            database_url=db_url, tool_calling_mode="json_schema", plan_first="on"
+            database_url=db_url, tool_calling_mode="json_schema", plan_first="on", **overrides
         )
         http = asgi_client(create_app(make_backend(settings), settings, authorizer))
         answers: list[dict[str, Any]] = []
@@ -78,3 +78,12 @@ async def test_a_live_data_follow_up_is_grounded_on_the_earlier_building(
     assert searched(second) == []  # grounded: no search for "its rooms"
     assert "Loading Dock A" in second["answer"]
     assert llm.chat_requests() == []
+
+
+async def test_the_follow_up_is_rewritten_even_where_the_model_gets_no_earlier_turn(
+    thread: Callable[..., Any], llm: ScriptedLLM
+) -> None:
+    """A history budget too small for any turn: the model is sent none, but the rewriter
+    reads the thread's stored turns (``Thread.earlier``), so the search is the same."""
+    _, second = await thread("What does CV-E1033 mean?", "How do I fix it?", history_max_tokens=1)
+    assert searched(second) == ["CV-E1033"]
