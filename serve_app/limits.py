@@ -97,8 +97,18 @@ _WHAT = {
 
 def _describe(exceeded: Exceeded, period: str) -> str:
     what = _WHAT[exceeded.metric].format(period=period)
-    limit = f"{exceeded.limit:g}"
+    limit = _count(exceeded.limit) if exceeded.metric != "cost_usd" else _usd(exceeded.limit)
     return f"{exceeded.scope} {exceeded.name!r}: {limit} {what}"
+
+
+def _count(value: float) -> str:
+    """A whole count as digits (``1000000``, never ``1e+06``)."""
+    return str(math.floor(value))
+
+
+def _usd(value: float) -> str:
+    """Dollars in plain decimal notation, to the millionth (``0.25``, ``1000000``)."""
+    return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
 class LimitExceeded(BackendError):
@@ -280,18 +290,18 @@ class Admission:
         out: dict[str, str] = {}
         requests = self.decision.left("requests")
         if requests is not None:
-            out["x-ratelimit-limit"] = f"{requests.limit:g}"
-            out["x-ratelimit-remaining"] = f"{requests.remaining:g}"
+            out["x-ratelimit-limit"] = _count(requests.limit)
+            out["x-ratelimit-remaining"] = _count(requests.remaining)
             out["x-ratelimit-reset"] = str(requests.reset_s)
         tokens = self.decision.left("tokens")
         if tokens is not None:
-            out["x-budget-tokens-limit"] = f"{tokens.limit:g}"
-            out["x-budget-tokens-remaining"] = f"{max(0, tokens.remaining - self.spent_tokens):g}"
+            out["x-budget-tokens-limit"] = _count(tokens.limit)
+            out["x-budget-tokens-remaining"] = _count(max(0, tokens.remaining - self.spent_tokens))
             out["x-budget-reset"] = str(tokens.reset_s)
         cost = self.decision.left("cost_usd")
         if cost is not None:
             left = max(0.0, cost.remaining - self.spent_cost)
-            out["x-budget-cost-limit"] = f"{cost.limit:.6g}"
+            out["x-budget-cost-limit"] = _usd(cost.limit)
             out["x-budget-cost-remaining"] = f"{math.floor(left * 1e6) / 1e6:.6f}"
             out["x-budget-reset"] = str(cost.reset_s)
         return out

@@ -238,3 +238,20 @@ def test_a_bad_limit_setting_names_its_variable(
     monkeypatch.setenv(variable, value)
     with pytest.raises(SettingsError, match=variable):
         load_settings(_env_file=None)
+
+
+async def test_large_limits_are_plain_numbers_in_the_headers(setup: Callable[..., Setup]) -> None:
+    s = setup(
+        rate_limit_domain_per_minute=1_000_000,
+        budget_user_tokens=10**9,
+        budget_user_cost_usd=1_000_000,
+    )
+    response = await s.http.post("/ask", json={"question": "hi"}, headers=NORTHWIND_STAFF)
+    assert response.status_code == 200
+    headers = response.headers
+    assert (headers["x-ratelimit-limit"], headers["x-ratelimit-remaining"]) == (
+        "1000000",
+        "999999",
+    )
+    assert headers["x-budget-tokens-limit"] == "1000000000"
+    assert headers["x-budget-cost-limit"] == "1000000"
