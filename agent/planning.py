@@ -48,6 +48,7 @@ from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
 from agent.prompts import IDK_MARKER
 from agent.routing import (
+    DOC_SIMILARITY,
     RouteDecision,
     RouteSignals,
     best_coverage,
@@ -73,6 +74,14 @@ RUNNER_UP_CHARS = 200  # each further chunk: usually context, rarely the answer
 
 LIVE_KINDS = ("building", "room")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+# Share of the question's words besides a building's name that a chunk naming the building
+# must cover to make it a question about that page (``_page_about``). Golden set, 2026-12-04
+# (``python -m bench.router``): the Harbor rules paraphrase 0.44 against its page, "how full
+# is the Harbor Warehouse" 0.00 against the same page; no other row names a documented
+# building. One pair: the bench is the check when either side grows.
+PAGE_COVERAGE = 0.25
 
 
 @dataclass(frozen=True)
@@ -188,6 +197,19 @@ def _without(question: str, mentions: Sequence[str]) -> str:
     return question
 
 
+def _page_about(question: str, named: Sequence[NamedEntity], hits: Sequence[SearchHit]) -> bool:
+    """A chunk close to the question names one of its buildings and covers most of what the
+    question asks besides the name ("the forklift-shift limit of Dock Hall B at Harbor" and
+    Harbor's rules page), not merely the name ("how full is Harbor Warehouse")."""
+    rest = _without(question, [entity.name for entity in named])
+    texts = [
+        f"{hit.title or ''} {hit.section} {hit.text}"
+        for hit in hits
+        if (hit.similarity or 0.0) >= DOC_SIMILARITY
+    ]
+    return any(match_names(t, named) and coverage(rest, t) >= PAGE_COVERAGE for t in texts)
+
+
 def _typed_ids(question: str, kind: str, prefix: str) -> list[str]:
     """The ids the question types as ``kind``: after the word ("building bld-x") or in the
     platform's own id scheme ("bld-x", "room-x")."""
@@ -255,9 +277,11 @@ class Planner:
         tokens = doc_tokens(question)
         search: ToolOutcome | None = None
         greeting = is_greeting(question)
-        if "search_docs" in names and not greeting and (tokens or not (named or entities.ids)):
+        if "search_docs" in names and not greeting:
             # A documented token finds its own section best on its own (keyword search);
-            # the whole sentence buries it under the question's common words.
+            # the whole sentence buries it under the question's common words. A question
+            # naming entities is searched too: a page about them ("the forklift-shift
+            # limit of Dock Hall B") makes it both, not live data alone.
             query = " ".join(tokens) if tokens else question
             search = await self._execute(run, "search_docs", {"query": query[:500]})
         if search is not None and search.ok and tokens:
@@ -271,6 +295,7 @@ class Planner:
             doc_tokens=bool(tokens),
             doc_coverage=best_coverage(question, texts),
             doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
+            doc_names_entity=_page_about(question, named, hits),
             building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
             product_words=product_words(question),
             live_words=live_words(question),

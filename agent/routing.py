@@ -25,7 +25,9 @@ The rules, and why:
   (``coverage >= DOC_COVERAGE``) is documentation, but may still be declined: paraphrased
   off-topic requests ("translate 'the meeting room is full'") cover a few words by chance.
 * Named or typed entities make it live data; with a documented token (found or not: the
-  documentation's silence is an answer too), both.
+  documentation's silence is an answer too), both; with a close chunk that names the
+  building and covers what the question asks besides the name (a page about it, such as a
+  site's rules: ``agent.planning``), both.
 * A question in the product's own vocabulary (``product_words``: accounts, seats, gateways,
   webhooks, the app...) that asks for no live reading (``live_words``) but that nothing the
   caller may read matches is documentation the caller cannot see: the search is shown and
@@ -155,6 +157,9 @@ class RouteSignals:
     doc_tokens: bool = False  # the question names a documented-looking token at all
     doc_coverage: float = 0.0  # best chunk's coverage of the question's content words
     doc_similarity: float = 0.0  # cosine of the question and the closest retrieved chunk
+    # A chunk close to the question (``DOC_SIMILARITY``) names one of its buildings: a page
+    # about them (site rules), not only a reading.
+    doc_names_entity: bool = False
     product_words: bool = False  # the question names something of the product
     live_words: bool = False  # the question asks for a live reading
 
@@ -187,6 +192,8 @@ def route(signals: RouteSignals) -> RouteDecision:
             # Even a token the caller's search does not find: the question asks about a
             # document ("rule set NW-HARBOR-CAP-3"), and an empty result says so.
             return RouteDecision("both", False, "entities and a documented token")
+        if signals.doc_names_entity:
+            return RouteDecision("both", False, "entities, and a close chunk that names them")
         return RouteDecision("live_data", False, "the question names a building, room or id")
     if signals.building_list:
         return RouteDecision("live_data", False, "the question asks for the caller's buildings")

@@ -494,3 +494,36 @@ def test_a_snippet_keeps_the_matching_sentences_before_the_lines_that_follow_the
     assert "will not notify again" in line and "15 minutes" in line
     assert "business_admin" not in line  # the default's follower lost to a matching sentence
     assert len(line) <= SNIPPET_CHARS + 80
+
+
+@pytest.mark.parametrize(
+    ("question", "route"),
+    [
+        (  # the page is about what it asks, besides the building's name: both
+            "During the forklift shift, how many people are allowed in the second dock hall "
+            "of the Harbor Warehouse?",
+            "both",
+        ),
+        # the same close page names the building, but shares nothing else it asks: live data
+        ("How full is the Harbor Warehouse at the moment?", "live_data"),
+    ],
+)
+async def test_a_close_page_about_a_named_building_makes_it_both(
+    make_local_agent: Any, retriever: FakeRetriever, question: str, route: str
+) -> None:
+    retriever.hits = [
+        dataclasses.replace(
+            hit("c-dock-b", "During the forklift shift Dock Hall B allows 34 people."),
+            title="Custom capacity rules for the Harbor warehouse",
+            section="Dock Hall B: forklift-shift derating",
+            similarity=0.7,
+        )
+    ]
+    model = json_model(text_reply("34 people during the forklift shift. [^c-dock-b]"))
+
+    answer = await planned(make_local_agent, model).answer(question, NORTHWIND_STAFF)
+
+    assert next(n for n in answer.notes if n.startswith("route")).startswith(f"route: {route}")
+    shown = [c.name for c in answer.tool_calls]
+    assert ("search_docs" in shown) is (route == "both")
+    assert "get_building" in shown  # the building is grounded either way

@@ -67,6 +67,9 @@ def test_routes() -> None:
     assert both.route == "both" and not both.allow_refusal
     # a token the caller's search did not find ("rule set NW-HARBOR-CAP-3"): still both
     assert route(RouteSignals(entities=1, doc_tokens=True)).route == "both"
+    # a close chunk naming the building and what the question asks about it: both
+    assert route(RouteSignals(entities=1, doc_names_entity=True)).route == "both"
+    assert route(RouteSignals(entities=1, doc_similarity=0.7)).route == "live_data"
     unknown = route(RouteSignals(doc_tokens=True))  # a token the caller's search cannot find
     assert unknown.route == "documentation" and not unknown.allow_refusal
     docs = route(RouteSignals(doc_tokens_found=True))
