@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -86,6 +86,33 @@ class ValidationErrorEnvelope(BaseModel):
     error: ValidationErrorBody
 
 
+class ExceededLimit(BaseModel):
+    """One usage limit a request went over (``serve_app.limits``)."""
+
+    scope: Literal["user", "domain"]
+    subject: str = Field(description="The user's `sub`, or the domain's name.")
+    limit: Literal["requests", "tokens", "cost_usd"]
+    allowed: float = Field(description="The limit: requests per minute, tokens or USD per period.")
+    used: float = Field(description="What was used, this request included for `requests`.")
+    window: Literal["minute", "hour", "day", "week", "month"]
+    retry_after_s: int
+
+
+class LimitErrorBody(ErrorBody):
+    exceeded: list[ExceededLimit] | None = Field(
+        default=None,
+        description="`rate_limited` and `budget_exceeded`: each limit the request went over "
+        "(absent for `overloaded`).",
+    )
+
+
+class LimitErrorEnvelope(BaseModel):
+    """A 429: ``overloaded`` (back-pressure), or a usage limit (``rate_limited``,
+    ``budget_exceeded``, with ``exceeded``)."""
+
+    error: LimitErrorBody
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries for these statuses, all with the envelope."""
     descriptions = {
@@ -108,7 +135,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        model = ValidationErrorEnvelope if status == 422 else ErrorEnvelope
+        model: type[BaseModel] = ErrorEnvelope
+        if status == 422:
+            model = ValidationErrorEnvelope
+        elif status == 429:
+            model = LimitErrorEnvelope
         out[status] = {"model": model, "description": descriptions.get(status, "Error")}
     return out
 

@@ -28,6 +28,7 @@ from agent.answer import CostOut, DoneEvent, TokenEvent, UsageOut
 from foundation.identity import AuthUser
 from foundation.settings import Settings, SettingsError, load_settings
 from serve_app.api.app import create_app
+from serve_app.api.errors import LimitErrorEnvelope
 from serve_app.authz import CedarAuthorizer
 from serve_app.limits import build_request_limits
 from serve_app.metrics import InMemoryMetrics
@@ -107,6 +108,7 @@ async def test_over_the_rate_limit_is_a_429_envelope_before_any_run(
             "retry_after_s": 45,
         }
     ]
+    LimitErrorEnvelope.model_validate(body)  # the documented 429 schema
     assert len(s.backend.asks) == 2  # the refused request ran nothing
     # another user is not limited by nina's count
     other = await s.http.post("/ask", json={"question": "hi"}, headers=CUSTOMER)
