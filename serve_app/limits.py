@@ -391,11 +391,12 @@ class Admission:
                         await self._charge(used, cost)
                         self.limits.count("stream_cut")
                         what = "token" if over_tokens else "cost"
+                        reset = _reset(self.decision)
                         raise BudgetCrossed(
                             f"the {what} budget ran out during this answer "
                             f"(~{used} tokens used, estimated); the answer was stopped",
-                            retry_after=_reset(self.decision),
-                            details={"used_tokens_estimate": used},
+                            retry_after=reset,
+                            details={"used_tokens_estimate": used, "retry_after_s": reset},
                         )
                 yield event
         finally:
@@ -413,9 +414,9 @@ class Admission:
 _RECORDS_BG: set[asyncio.Future[None]] = set()
 
 
-def _reset(decision: Decision) -> float:
-    resets = [r.reset_s for r in decision.remaining if r.metric != "requests"]
-    return float(max(resets, default=1))
+def _reset(decision: Decision) -> int:
+    """Seconds until the budget period ends (what a cut stream waits for)."""
+    return max((r.reset_s for r in decision.remaining if r.metric != "requests"), default=1)
 
 
 def _estimated_cost(model: str, prompt: int, streamed: int) -> float:

@@ -182,6 +182,7 @@ async def test_a_stream_that_crosses_the_token_budget_is_cut_and_charged(
     names = [name for name, _ in events]
     assert names[-1] == "error" and "done" not in names
     assert is_envelope(events[-1][1], "budget_exceeded")
+    assert events[-1][1]["error"]["retry_after_s"] == 10 * 3600 - 15  # the UTC day's end
     streamed = names.count("token")
     assert 0 < streamed < 60  # cut long before the 200 words
     assert backend.stream_closed  # the run was closed (cancelled)
