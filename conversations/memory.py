@@ -110,5 +110,12 @@ class InMemoryConversationStore:
             del self._threads[conversation_id]
             return True
 
+    async def delete_all(self, owner: str) -> int:
+        with self._lock:
+            mine = [i for i, t in self._threads.items() if t.conversation.owner == owner]
+            for ident in mine:
+                del self._threads[ident]
+            return len(mine)
+
     async def close(self) -> None:
         return None

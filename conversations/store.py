@@ -12,6 +12,11 @@ conversation's turn count always equals its turns.
 
 Pages of a caller's conversations run newest activity first (``updated_at``, then ``id``)
 and are keyset-paginated: ``PageCursor`` is the last row of a page.
+
+Retention: ``delete_all`` removes every conversation of one owner; ``PgConversationStore.
+prune`` removes, in batches of their own transactions, every conversation whose latest turn
+(``updated_at``) is older than a time to live (``CONVERSATION_TTL_DAYS``,
+``agent-service conversations prune``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -124,6 +129,18 @@ class ConversationPage:
     next_cursor: PageCursor | None  # None: this was the last page
 
 
+@dataclass(frozen=True)
+class PruneReport:
+    """What ``prune`` deleted (or, in a dry run, would delete): conversations last active
+    before ``cutoff``, with their turns."""
+
+    cutoff: datetime
+    conversations: int
+    turns: int
+    batches: int
+    dry_run: bool = False
+
+
 class ConversationStore(Protocol):
     async def get(self, owner: str, conversation_id: uuid.UUID) -> Conversation | None:
         """The conversation, if it belongs to ``owner``."""
@@ -156,6 +173,10 @@ class ConversationStore(Protocol):
         """Delete the conversation and its turns; False when ``owner`` has no such one."""
         ...
 
+    async def delete_all(self, owner: str) -> int:
+        """Delete every conversation of ``owner`` (with their turns); how many there were."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -172,6 +193,17 @@ TURN_COLUMNS = (
     "turn, question, answer, decision, idk, citations, tool_calls, usage, cost, model, "
     "trace_id, created_at"
 )
+PRUNE_BATCH = 1000
+# One batch of a prune, in a transaction of its own. No index leads with updated_at (the one
+# there leads with the owner), so each batch scans the table: LIMIT without ORDER BY stops at
+# the first batch_size matches. SKIP LOCKED passes over a conversation whose turn is being
+# written; FOR UPDATE re-checks updated_at on the row it locked.
+PRUNE_BATCH_SQL = """
+WITH doomed AS (
+    SELECT id FROM conversations WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM conversations c USING doomed d WHERE c.id = d.id RETURNING c.turn_count
+"""
 INSERT_TURN_SQL = f"""
 INSERT INTO conversation_turns (conversation_id, {TURN_COLUMNS})
 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11, $12, $13)
@@ -386,3 +418,43 @@ class PgConversationStore:
             owner,
         )
         return deleted is not None
+
+    async def delete_all(self, owner: str) -> int:
+        # One statement (the owner index): the turns go with them (ON DELETE CASCADE).
+        count = await self._pool.fetchval(
+            "WITH gone AS (DELETE FROM conversations WHERE owner_sub = $1 RETURNING 1) "
+            "SELECT count(*) FROM gone",
+            owner,
+        )
+        return int(count)
+
+    async def prune(
+        self, ttl: timedelta, *, batch_size: int = PRUNE_BATCH, dry_run: bool = False
+    ) -> PruneReport:
+        """Delete every conversation last active (``updated_at``) more than ``ttl`` before
+        now (the database's clock, read once), ``batch_size`` per transaction, so no lock
+        is held for long and a large store is pruned a batch at a time. A conversation that
+        gets a turn while it runs is kept: rows are locked (a turn being written is skipped)
+        and their ``updated_at`` re-checked when locked. ``dry_run``: count, delete nothing."""
+        if ttl <= timedelta(0):
+            raise ValueError("the time to live must be positive")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        cutoff: datetime = await self._pool.fetchval("SELECT now() - $1::interval", ttl)
+        if dry_run:
+            row = await self._pool.fetchrow(
+                "SELECT count(*) AS c, coalesce(sum(turn_count), 0) AS t "
+                "FROM conversations WHERE updated_at < $1",
+                cutoff,
+            )
+            assert row is not None
+            return PruneReport(cutoff, int(row["c"]), int(row["t"]), 0, dry_run=True)
+        conversations = turns = batches = 0
+        while True:
+            rows = await self._pool.fetch(PRUNE_BATCH_SQL, cutoff, batch_size)
+            if rows:
+                batches += 1
+                conversations += len(rows)
+                turns += sum(r["turn_count"] for r in rows)
+            if len(rows) < batch_size:
+                return PruneReport(cutoff, conversations, turns, batches)

@@ -271,6 +271,14 @@ class Settings(BaseSettings):
         "models: a 4096-token context, ~40 prompt tokens/s on 2 cores), 4000 in native mode. "
         "0: no history.",
     )
+    conversation_ttl_days: int = Field(
+        default=0,
+        ge=0,
+        le=36_500,
+        description="Days a conversation is kept after its latest turn: `agent-service "
+        "conversations prune` deletes those inactive for longer (run it on a schedule; the "
+        "service itself deletes nothing). 0 (the default): kept forever.",
+    )
 
     # --- usage limits (limits/, serve_app/limits.py): all 0 = off -----------------------------
     rate_limit_user_per_minute: int = Field(

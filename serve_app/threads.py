@@ -161,6 +161,9 @@ class LazyConversationStore:
     async def delete(self, owner: str, conversation_id: uuid.UUID) -> bool:
         return await self._call(lambda s: s.delete(owner, conversation_id))
 
+    async def delete_all(self, owner: str) -> int:
+        return await self._call(lambda s: s.delete_all(owner))
+
     async def close(self) -> None:
         await self._store.close()
 

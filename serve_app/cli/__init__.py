@@ -6,6 +6,7 @@ Subcommands (one module of this package per group):
   search   run a hybrid search as a given caller (retrieval debugging)         (ingest.py)
   serve    start the whole service on this machine; stop: stop it              (serve.py)
   ask      ask the running service a question over HTTP                        (ask.py)
+  conversations  list/show/delete a caller's conversations; prune  (conversations.py)
   eval     run the golden dataset against the running service                  (evals.py)
   train-reranker  train the cross-encoder reranker offline                     (reranker.py)
   bench    run a benchmark of bench/ (python -m bench.NAME) or list them       (bench.py)
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from foundation.settings import SettingsError, load_settings
-from serve_app.cli import ask, bench, db, evals, ingest, reranker, serve
+from serve_app.cli import ask, bench, conversations, db, evals, ingest, reranker, serve
 from serve_app.cli.ask import claims_header, cmd_ask
 from serve_app.cli.bench import bench_command, bench_listing, bench_modules, bench_root, cmd_bench
 from serve_app.cli.common import (
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # In the order `--help` lists them.
-    for group in (db, ingest, serve, ask, evals, reranker, bench):
+    for group in (db, ingest, serve, ask, conversations, evals, reranker, bench):
         group.add_parsers(sub)
     return parser
 

@@ -20,13 +20,42 @@ def claims_header(sub: str, roles: list[str], domains: list[str]) -> str:
     return base64.b64encode(json.dumps(payload).encode()).decode()
 
 
+def add_caller_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the service is and who is asking (``ask`` and ``conversations``)."""
+    parser.add_argument("--url", help="API base URL (default: the local service)")
+    parser.add_argument("--sub", default="demo-user")
+    parser.add_argument("--roles", default="business_staff")
+    parser.add_argument("--domains", default="northwind")
+
+
+def api_base(args: argparse.Namespace, settings: Settings) -> str:
+    url: str = args.url or (
+        f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+    )
+    return url
+
+
+def caller_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The ``x-gateway-claims`` header of ``--sub``/``--roles``/``--domains``."""
+    return {
+        "x-gateway-claims": claims_header(args.sub, csv_list(args.roles), csv_list(args.domains))
+    }
+
+
+def where_stored(result: dict[str, Any]) -> str:
+    """The line saying which conversation and turn the answer was stored as."""
+    ident, turn = result.get("conversation_id"), result.get("turn")
+    if ident is None or turn is None:
+        where = f"conversation {ident}, " if ident else ""
+        return f"  {where}turn not stored"
+    return f"  conversation {ident}, turn {turn} (follow up: --conversation {ident})"
+
+
 def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     import httpx
 
-    base = args.url or f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
-    headers = {
-        "x-gateway-claims": claims_header(args.sub, csv_list(args.roles), csv_list(args.domains))
-    }
+    base = api_base(args, settings)
+    headers = caller_headers(args)
     # Streaming is the default (a person sees progress at once); --json prints the response
     # object exactly, so it asks for it whole.
     stream = not (args.no_stream or args.json)
@@ -35,6 +64,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         body["top_k"] = args.top_k
     if args.model:
         body["model"] = args.model
+    if args.conversation:
+        body["conversation_id"] = args.conversation
     timeout = httpx.Timeout(settings.serve_ready_timeout_s, connect=10)
     try:
         with httpx.Client(timeout=timeout) as client:
@@ -50,6 +81,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     if not stream:
         print(result.get("answer", ""), file=out)
     print_summary(result, out, tools=not stream)  # streamed: the tools had their live lines
+    print(where_stored(result), file=out)
     return EXIT_OK
 
 
@@ -90,13 +122,17 @@ def add_parsers(sub: Any) -> None:
         description="POSTs to /ask with an x-gateway-claims header for --sub/--roles/--domains "
         "(as the mesh would set it) and streams the answer: the answering model, a line per "
         "tool as it runs, a waiting indicator while the model is queued, the answer text, "
-        "then citations and the decision. --json prints the response object instead.",
+        "then citations, the decision and the conversation and turn it was stored as "
+        "(--conversation ID asks a follow-up in it). --json prints the response object "
+        "instead.",
     )
     ask.add_argument("question")
-    ask.add_argument("--url", help="API base URL (default: the local service)")
-    ask.add_argument("--sub", default="demo-user")
-    ask.add_argument("--roles", default="business_staff")
-    ask.add_argument("--domains", default="northwind")
+    add_caller_arguments(ask)
+    ask.add_argument(
+        "--conversation",
+        metavar="ID",
+        help="continue this conversation of yours (its id, printed after every answer)",
+    )
     streaming = ask.add_mutually_exclusive_group()
     streaming.add_argument(
         "--no-stream", action="store_true", help="one JSON request; print the answer when done"

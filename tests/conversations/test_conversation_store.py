@@ -1,13 +1,15 @@
 """The ``ConversationStore`` port: one contract run against the in-memory store (unit) and
 the PostgreSQL store on the embedded server (integration), then what only PostgreSQL can
 show: a turn is written whole or not at all when the write fails or is cancelled half way,
-concurrent appends keep the limit and dense turn numbers, and the schema check."""
+concurrent appends keep the limit and dense turn numbers, the retention prune, and the schema
+check."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -177,6 +179,19 @@ async def test_delete_takes_the_turns_with_it(store: ConversationStore) -> None:
         await store.append("nina", conversation.id, record(), max_turns=5)
 
 
+async def test_delete_all_takes_every_one_of_the_owners_and_no_other(
+    store: ConversationStore,
+) -> None:
+    mine = [(await store.start("nina", record(f"q{i}")))[0] for i in range(3)]
+    await store.append("nina", mine[0].id, record("again"), max_turns=5)
+    theirs, _ = await store.start("eve", record("eve's"))
+    assert await store.delete_all("nina") == 3
+    assert (await store.recent("nina", limit=10)).conversations == []
+    assert all([await store.read("nina", c.id) is None for c in mine])
+    assert await store.read("eve", theirs.id) is not None
+    assert await store.delete_all("nina") == 0
+
+
 def test_the_title_is_the_first_line_of_the_first_question_within_bounds() -> None:
     assert title_of("  How busy   is it?\nmore lines") == "How busy is it?"
     long = title_of("word " * 100)
@@ -312,3 +327,33 @@ async def test_text_postgres_cannot_hold_is_kept_as_a_replacement_character(
 async def test_a_database_not_at_head_is_refused_by_name(empty_db_url: str) -> None:
     with pytest.raises(DatabaseError, match="agent-service db up"):
         await PgConversationStore.connect(empty_db_url)
+
+
+@pytest.mark.integration
+async def test_prune_deletes_what_the_ttl_has_passed_in_batches(pg: PgConversationStore) -> None:
+    """Five conversations of two owners, three last active 40 days ago (one of which gets a
+    turn now, so it is kept): a 30-day prune in batches of 1 deletes the two others and
+    their turns, reports them (a dry run first, deleting nothing), and a second finds none."""
+    made = [
+        (await pg.start(owner, record()))[0] for owner in ("nina", "nina", "eve", "eve", "nina")
+    ]
+    for conversation in made[:3]:
+        await pg.append(conversation.owner, conversation.id, record("again"), max_turns=5)
+    await pg.pool.execute(
+        "UPDATE conversations SET updated_at = now() - interval '40 days' WHERE id = ANY($1)",
+        [c.id for c in made[:3]],
+    )
+    await pg.append("nina", made[0].id, record("back again"), max_turns=5)
+    ttl = timedelta(days=30)
+    dry = await pg.prune(ttl, dry_run=True)
+    assert (dry.conversations, dry.turns, dry.dry_run) == (2, 4, True)
+    assert await _counts(pg.pool) == (5, 9)
+    report = await pg.prune(ttl, batch_size=1)
+    assert (report.conversations, report.turns, report.batches) == (2, 4, 2)
+    assert report.cutoff >= dry.cutoff  # the database's clock, read by each run
+    assert await _counts(pg.pool) == (3, 5)
+    assert await pg.read("nina", made[0].id) is not None  # a turn today: kept
+    assert all([await pg.read(c.owner, c.id) is None for c in made[1:3]])
+    assert (await pg.prune(ttl)).conversations == 0
+    with pytest.raises(ValueError):
+        await pg.prune(timedelta(0))

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from agent.answer import AgentAnswer, AgentEvent, CitationOut, DoneEvent, TokenEvent
+from agent.followups import PriorTurn
 from conversations.recheck import WITHHELD_ANSWER
 from deployments.ingress import ServeBackend
 from foundation.settings import Settings
@@ -149,8 +150,11 @@ async def test_the_ingress_rechecks_a_stored_citation_on_read_and_in_history(
             assert (await http.post("/ask", json=follow, headers=NINA)).status_code == 200
     finally:
         await backend.close()
-    history = handle.answer.calls[1][-1]  # AgentLoop.answer's last argument
+    # AgentLoop.answer(question, user, model, top_k, trace_context, history, earlier)
+    history, earlier = handle.answer.calls[1][4:6]  # calls: the arguments after question
     assert [(m.role, m.content) for m in history] == [
         ("user", "one"),
         ("assistant", WITHHELD_ANSWER),
     ]
+    # The follow-up rewriter reads the same re-checked turn (agent.followups)
+    assert earlier == (PriorTurn("one", WITHHELD_ANSWER),)

@@ -34,7 +34,10 @@ DONE: dict[str, Any] = {
     "idk": False,
     "decision": "answered",
     "model": "local/scripted",
+    "conversation_id": "7d1f3a52-9c4e-4b1a-8f00-0000000000a1",
+    "turn": 1,
 }
+THREAD = DONE["conversation_id"]
 STREAM: list[tuple[str, dict[str, Any]]] = [
     ("progress", {"stage": "started", "model": "local/scripted"}),
     ("progress", {"stage": "model", "hop": 1, "model": "local/scripted"}),
@@ -100,6 +103,7 @@ def test_ask_streams_by_default_with_model_tool_and_waiting_lines(
         "[decision: answered, model: local/scripted]",
         "  [^abc123abc123] twin.md > Rooms",
         "  tokens in/out: 10/5, cost: {'estimated_usd': None, 'provider_usd': None}",
+        f"  conversation {THREAD}, turn 1 (follow up: --conversation {THREAD})",
     ]
     assert CLEAR_LINE not in text
 

@@ -1,5 +1,6 @@
 """``GET /conversations``, ``GET /conversations/{conversation_id}``,
-``DELETE /conversations/{conversation_id}``: the caller's own conversations.
+``DELETE /conversations/{conversation_id}``, ``DELETE /conversations`` (all of them): the
+caller's own conversations.
 
 Any authenticated caller, for their own conversations only (the owner is the caller's
 ``sub``). Another caller's conversation is answered exactly as an unknown id: ``404``
@@ -83,6 +84,10 @@ class TurnOut(BaseModel):
     model: str
     trace_id: str | None
     created_at: datetime
+
+
+class DeletedConversations(BaseModel):
+    deleted: int = Field(description="How many of the caller's conversations were deleted.")
 
 
 class ConversationOut(ConversationSummary):
@@ -199,6 +204,20 @@ async def list_conversations(
         conversations=[summary(c) for c in page.conversations],
         next_cursor=None if page.next_cursor is None else encode_cursor(page.next_cursor),
     )
+
+
+@router.delete(
+    "/conversations",
+    response_model=DeletedConversations,
+    responses=error_responses(401, 500, 503),
+    summary="Delete all of the caller's conversations and their turns",
+)
+async def delete_all_conversations(user: CurrentUser, backend: BackendDep) -> DeletedConversations:
+    """Every conversation of the caller's (their `sub`), with its turns: `{"deleted": n}`
+    (0 when there were none). Another caller's conversations are never touched. A question
+    being answered at that moment in a conversation deleted here is not stored (`409
+    conversation_deleted`); one that starts a new conversation afterwards is."""
+    return DeletedConversations(deleted=await backend.conversations.delete_all(user.sub))
 
 
 @router.get(

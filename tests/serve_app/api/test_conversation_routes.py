@@ -1,6 +1,7 @@
 """``/conversations`` routes over a ``FakeBackend`` holding the in-memory conversation store
 (route behaviour: no model, no database): the caller's own list, newest first, in pages with
-an opaque cursor and bounded ``limit``; one conversation with its turns; delete; another
+an opaque cursor and bounded ``limit``; one conversation with its turns; delete, one or all
+of the caller's; another
 caller's conversation is the unknown id's 404, byte for byte; a bad id or cursor is a 422
 envelope naming the field; no credentials is a 401; an unreachable store a 503."""
 
@@ -192,6 +193,22 @@ async def test_delete_removes_it_and_a_second_delete_is_404(
     assert again.status_code == 404 and is_envelope(again.json(), "not_found")
 
 
+async def test_delete_all_removes_only_the_callers_own_and_counts_them(
+    fake_app: AppFactory, asgi_client: ClientFactory
+) -> None:
+    app, fake = fake_app()
+    await seed(fake, "nina", "one", "two")
+    [roots] = await seed(fake, "root", "the admin's")
+    client = asgi_client(app)
+    response = await client.delete("/conversations", headers=NORTHWIND_STAFF)
+    assert response.status_code == 200 and response.json() == {"deleted": 2}
+    listing = (await client.get("/conversations", headers=NORTHWIND_STAFF)).json()
+    assert listing["conversations"] == []
+    assert (await client.get(f"/conversations/{roots}", headers=ADMIN)).status_code == 200
+    again = await client.delete("/conversations", headers=NORTHWIND_STAFF)
+    assert again.json() == {"deleted": 0}
+
+
 @pytest.mark.parametrize("bad", ["123", "not-a-uuid", "e3e70682-c209-1cac-a29f-6fbed82c07c"])
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 async def test_an_id_that_is_no_uuid_is_a_422_naming_the_path_parameter(
@@ -214,6 +231,7 @@ async def test_conversations_need_credentials(
     ident = uuid.uuid4()
     for method, path in (
         ("GET", "/conversations"),
+        ("DELETE", "/conversations"),
         ("GET", f"/conversations/{ident}"),
         ("DELETE", f"/conversations/{ident}"),
     ):
@@ -228,7 +246,7 @@ async def test_a_405_lists_every_method_of_the_path(
     response = await asgi_client(app).put(f"/conversations/{uuid.uuid4()}", headers=ADMIN)
     assert response.status_code == 405 and response.headers["allow"] == "DELETE, GET"
     listing = await asgi_client(app).post("/conversations", headers=ADMIN)
-    assert listing.status_code == 405 and listing.headers["allow"] == "GET"
+    assert listing.status_code == 405 and listing.headers["allow"] == "DELETE, GET"
 
 
 class DownStore(InMemoryConversationStore):
