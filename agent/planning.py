@@ -52,6 +52,8 @@ from agent.routing import (
     RouteDecision,
     RouteSignals,
     best_coverage,
+    beyond_reading,
+    content_words,
     coverage,
     doc_tokens,
     is_greeting,
@@ -76,11 +78,13 @@ LIVE_KINDS = ("building", "room")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
-# Share of the question's words besides a building's name that a chunk naming the building
-# must cover to make it a question about that page (``_page_about``). Golden set, 2026-12-04
-# (``python -m bench.router``): the Harbor rules paraphrase 0.44 against its page, "how full
-# is the Harbor Warehouse" 0.00 against the same page; no other row names a documented
-# building. One pair: the bench is the check when either side grows.
+# A question naming a building is also about a page that names it (``_page_about``) when it
+# asks at least PAGE_MIN_WORDS content words besides the name and a live reading, and the
+# page covers PAGE_COVERAGE of them. Golden set and make run's example, 2026-12-04
+# (``agent-service bench router``): the Harbor rules paraphrase asks 14 such words, its page
+# covers 0.43 of them; "How busy is Harbor Warehouse right now?" asks none, "How
+# full is the Harbor Warehouse at the moment?" one. The bench is the check when either grows.
+PAGE_MIN_WORDS = 3
 PAGE_COVERAGE = 0.25
 
 
@@ -198,16 +202,22 @@ def _without(question: str, mentions: Sequence[str]) -> str:
 
 
 def _page_about(question: str, named: Sequence[NamedEntity], hits: Sequence[SearchHit]) -> bool:
-    """A chunk close to the question names one of its buildings and covers most of what the
-    question asks besides the name ("the forklift-shift limit of Dock Hall B at Harbor" and
-    Harbor's rules page), not merely the name ("how full is Harbor Warehouse")."""
-    rest = _without(question, [entity.name for entity in named])
+    """A chunk close to the question names one of its buildings and covers what the question
+    asks besides the name and a live reading ("the forklift-shift limit of Dock Hall B at
+    Harbor" and Harbor's rules page), not merely the name ("how busy is Harbor Warehouse
+    right now" against the page's "ask ... the capacity of Dock Hall B right now")."""
+    words = beyond_reading(_without(question, [entity.name for entity in named]))
+    if len(words) < PAGE_MIN_WORDS:
+        return False
     texts = [
         f"{hit.title or ''} {hit.section} {hit.text}"
         for hit in hits
         if (hit.similarity or 0.0) >= DOC_SIMILARITY
     ]
-    return any(match_names(t, named) and coverage(rest, t) >= PAGE_COVERAGE for t in texts)
+    return any(
+        match_names(text, named) and len(words & content_words(text)) / len(words) >= PAGE_COVERAGE
+        for text in texts
+    )
 
 
 def _typed_ids(question: str, kind: str, prefix: str) -> list[str]:

@@ -49,6 +49,7 @@ __all__ = [
     "Route",
     "RouteDecision",
     "RouteSignals",
+    "beyond_reading",
     "coverage",
     "doc_tokens",
     "is_greeting",
@@ -132,6 +133,12 @@ def product_words(question: str) -> bool:
 def live_words(question: str) -> bool:
     """The question asks for a live reading or measurement (people, now, offline...)."""
     return bool(content_words(_unquoted(question)) & _LIVE_WORDS)
+
+
+def beyond_reading(question: str) -> set[str]:
+    """The question's content words that ask for no live reading ("busy", "now", "people"
+    out): what it asks of a page, if anything."""
+    return content_words(_unquoted(question)) - _LIVE_WORDS
 
 
 def coverage(question: str, text: str) -> float:

@@ -504,8 +504,9 @@ def test_a_snippet_keeps_the_matching_sentences_before_the_lines_that_follow_the
             "of the Harbor Warehouse?",
             "both",
         ),
-        # the same close page names the building, but shares nothing else it asks: live data
+        # the same close pages name the building, but it asks only for a reading: live data
         ("How full is the Harbor Warehouse at the moment?", "live_data"),
+        ("How busy is Harbor Warehouse right now?", "live_data"),  # make run's example
     ],
 )
 async def test_a_close_page_about_a_named_building_makes_it_both(
@@ -517,7 +518,13 @@ async def test_a_close_page_about_a_named_building_makes_it_both(
             title="Custom capacity rules for the Harbor warehouse",
             section="Dock Hall B: forklift-shift derating",
             similarity=0.7,
-        )
+        ),
+        dataclasses.replace(
+            hit("c-ask", 'Ask "What is the capacity of Dock Hall B right now?" and it answers.'),
+            title="Custom capacity rules for the Harbor warehouse",
+            section="Asking the assistant about Harbor",
+            similarity=0.62,
+        ),
     ]
     model = json_model(text_reply("34 people during the forklift shift. [^c-dock-b]"))
 
