@@ -85,12 +85,16 @@ T = TypeVar("T")
 WRITE_TIMEOUT_S = 10.0
 NOT_STORED_NOTE = "not stored in the conversation: the conversation store is unavailable"
 UNAVAILABLE_MESSAGE = "the conversation store is unavailable; try again shortly"
-# What a database failure looks like from asyncpg and the store's own checks.
+# What a database failure looks like from asyncpg and the store's own checks. A server that
+# shuts down mid-transaction can surface as InternalClientError ("cannot switch to state 15"):
+# the transaction's ROLLBACK runs on the connection the server's FATAL left half-read (seen
+# in tests/serve_app/api/test_database_restart.py; before, a 500).
 DATABASE_FAILURES = (
     OSError,
     TimeoutError,
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     DatabaseError,
 )
 
