@@ -104,8 +104,26 @@ def ray_env() -> dict[str, str]:
     return env
 
 
+def gcs_port_closed(address: str, timeout: float = 2.0) -> bool:
+    """True when nothing accepts a connection at ``address`` (a GCS ``host:port``): the
+    cluster is certainly not running. ``ray status`` against a GCS that is gone (killed, or
+    its node stopped) retries for ~45 s before it gives up."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return False  # "auto" or another form: let `ray status` decide
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # unreachable or slow: not certain, let `ray status` decide
+        return False
+
+
 def ray_running(address: str) -> bool:
     """Whether the Ray cluster at ``address`` (a GCS host:port, or "auto") answers."""
+    if gcs_port_closed(address):
+        return False
     proc = subprocess.run(
         [_bin("ray"), "status", f"--address={address}"],
         capture_output=True,
