@@ -1,6 +1,6 @@
 """The window arithmetic and the decision of ``usage_limits.core``, and the in-memory store
-that stands in for PostgreSQL in the route tests (the PostgreSQL adapter's own test is
-``test_pg_usage_store.py``)."""
+that stands in for PostgreSQL in the route tests (the PostgreSQL adapter is tested through
+HTTP on the real database: ``tests/serve_app/api/test_limits_http.py``)."""
 
 from __future__ import annotations
 
