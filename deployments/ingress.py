@@ -278,8 +278,15 @@ class IngressDeployment:
     def __init__(self, agent_loop: DeploymentHandle[Any]) -> None:
         self.settings = replica_settings("Ingress")
         self.authorizer = load_authorizer()
-        limits = build_request_limits(self.settings, metrics=RayServeMetrics())
+        self.metrics = RayServeMetrics()
+        limits = build_request_limits(self.settings, metrics=self.metrics)
         self.backend = ServeBackend(agent_loop, self.settings, limits=limits)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.backend, self.settings, self.authorizer, limits=self.backend.limits)
+        return create_app(
+            self.backend,
+            self.settings,
+            self.authorizer,
+            limits=self.backend.limits,
+            metrics=self.metrics,
+        )

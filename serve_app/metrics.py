@@ -60,6 +60,12 @@ LIMIT_DECISIONS = MetricSpec(
     "stream_cut, unavailable_open, unavailable_closed (serve_app.limits).",
     ("outcome",),
 )
+FEEDBACK = MetricSpec(
+    "agent_feedback",
+    "counter",
+    "Ratings of turns by POST /feedback, by rating (up/down); a re-rating counts again.",
+    ("rating",),
+)
 ALL_METRICS = (
     REQUESTS,
     TOOL_CALLS,
@@ -69,6 +75,7 @@ ALL_METRICS = (
     RETRIEVAL_LATENCY,
     HALLUCINATED,
     LIMIT_DECISIONS,
+    FEEDBACK,
 )
 
 
@@ -133,6 +140,11 @@ def retrieval_measurement(milliseconds: float) -> Measurement:
 def limit_measurement(outcome: str) -> Measurement:
     """One usage-limit decision (``serve_app.limits``)."""
     return Measurement(LIMIT_DECISIONS, 1, (("outcome", outcome),))
+
+
+def feedback_measurement(rating: str) -> Measurement:
+    """One rating of a turn (``POST /feedback``)."""
+    return Measurement(FEEDBACK, 1, (("rating", rating),))
 
 
 class MetricsSink(Protocol):

@@ -7,6 +7,7 @@ Routes (all under ``API_PREFIX``, e.g. ``/agent``; OpenAPI at ``{prefix}/docs`` 
 * ``POST /ingest`` (202), ``GET /ingest/{run_id}``: admin only (Cedar ``IngestDocuments``).
 * ``GET /conversations``, ``GET|DELETE /conversations/{id}``: the caller's own conversations
   (``serve_app.api.routes.conversations``); ``/ask`` stores its turns in them.
+* ``POST /feedback``: a rating of one of the caller's turns (``serve_app.api.routes.feedback``).
 * ``GET /healthz``, ``GET /readyz`` (503 with the checks when not ready): no credentials.
 
 With a non-empty prefix, ``/healthz``, ``/readyz``, ``/docs`` and ``/openapi.json`` also answer
@@ -22,10 +23,11 @@ new one) identifies the request in the logs.
 * 401 ``unauthenticated`` (missing or invalid claims header or eval token; with
   ``WWW-Authenticate: Bearer``). 403 ``forbidden`` (``/ingest`` below admin) or
   ``model_override_forbidden`` (below ``MODEL_OVERRIDE_MIN_ROLE``).
-* 404 ``not_found`` (unknown route, run id, or conversation: another caller's conversation is
-  the same 404 as an unknown one), 405 ``method_not_allowed``.
+* 404 ``not_found`` (unknown route, run id, conversation or turn: another caller's
+  conversation is the same 404 as an unknown one), 405 ``method_not_allowed``.
 * 409 ``ingest_in_progress``; ``conversation_full`` (``CONVERSATION_MAX_TURNS``),
-  ``conversation_deleted`` (deleted while its question was answered; nothing stored).
+  ``conversation_deleted`` (deleted while its question was answered; nothing stored);
+  ``ambiguous_trace_id`` (``/feedback`` by a trace id several of the caller's turns carry).
   413 ``payload_too_large`` (body over ``max_body_bytes``).
 * 422 ``validation_error`` with ``fields: [{"field", "message", "type"}]``.
 * 429 ``overloaded`` (the backend sheds load; ``Retry-After``); ``rate_limited`` /
@@ -49,6 +51,8 @@ single-process server an in-process one.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -56,6 +60,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from conversations.feedback import FeedbackStore
 from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 from foundation.settings import Settings
 from serve_app.api.errors import install_error_handlers
@@ -64,11 +69,13 @@ from serve_app.api.middleware import (
     BodySizeLimitMiddleware,
     RequestContextMiddleware,
 )
-from serve_app.api.routes import ask, conversations, health, ingest
+from serve_app.api.routes import ask, conversations, feedback, health, ingest
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
+from serve_app.feedback import feedback_store_for
 from serve_app.limits import LIMIT_HEADERS, RequestLimits
+from serve_app.metrics import MetricsSink
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 API_TITLE = "agent-service"
@@ -88,12 +95,29 @@ def create_app(
     lifespan: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     limits: RequestLimits | None = None,
+    feedback_store: FeedbackStore | None = None,
+    metrics: MetricsSink | None = None,
 ) -> FastAPI:
     """The API over ``backend``. ``lifespan`` (a FastAPI lifespan context) lets the caller
     start and close what the backend holds; the app never closes a backend it was given.
     ``limits``: the callers' rate limits and budgets on ``/ask`` (``serve_app.limits``; the
-    caller closes them, as the backend); none: not limited."""
+    caller closes them, as the backend); none: not limited. ``feedback_store``: where
+    ``/feedback`` keeps ratings (none: beside the backend's conversations,
+    ``serve_app.feedback.feedback_store_for``, opened on first use and closed by the app's
+    lifespan). ``metrics``: where the routes count (``/feedback``); none: not counted."""
     prefix = settings.api_prefix
+    own_feedback = feedback_store is None
+    store = feedback_store or feedback_store_for(backend.conversations, settings)
+
+    @asynccontextmanager
+    async def closing(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if own_feedback:
+                stack.push_async_callback(store.close)
+            if lifespan is not None:
+                await stack.enter_async_context(lifespan(app))
+            yield
+
     app = FastAPI(
         title=API_TITLE,
         version=API_VERSION,
@@ -101,19 +125,22 @@ def create_app(
         docs_url=f"{prefix}/docs",
         redoc_url=None,
         openapi_url=f"{prefix}/openapi.json",
-        lifespan=lifespan,
+        lifespan=closing,
         telemetry=FASTAPI_TELEMETRY_OFF,
     )
     app.state.backend = backend
     app.state.settings = settings
     app.state.authorizer = authorizer
     app.state.limits = limits if limits is not None else RequestLimits.disabled()
+    app.state.feedback = store
+    app.state.metrics = metrics
     install_error_handlers(app)
 
     api = APIRouter(prefix=prefix)
     api.include_router(ask.router)
     api.include_router(ingest.router)
     api.include_router(conversations.router)
+    api.include_router(feedback.router)
     api.include_router(health.router)
     app.include_router(api)
     if prefix:

@@ -26,6 +26,7 @@ from serve_app.metrics import (
     InMemoryMetrics,
     Measurement,
     answer_measurements,
+    feedback_measurement,
     limit_measurement,
     retrieval_measurement,
 )
@@ -149,6 +150,7 @@ def test_every_measurement_carries_exactly_its_metrics_tags() -> None:
         *answer_measurements(answer),
         retrieval_measurement(12.5),
         limit_measurement("rate_limited"),
+        feedback_measurement("down"),
     ]
     assert {m.spec for m in measurements} == set(ALL_METRICS)
     for m in measurements:

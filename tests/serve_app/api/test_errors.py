@@ -375,6 +375,7 @@ async def test_the_agent_prefix(fake_app: AppFactory, asgi_client: ClientFactory
         "/agent/ingest/{run_id}",
         "/agent/conversations",
         "/agent/conversations/{conversation_id}",
+        "/agent/feedback",
         "/agent/healthz",
         "/agent/readyz",
     }
