@@ -234,6 +234,11 @@ async def test_feedback_round_trips_to_golden_rows_the_eval_loader_accepts(
         main, ["eval", "export-feedback", "--out", str(out), "--rating", "up"]
     )
     assert code == 0 and "rows: []" in out.read_text()  # nothing rated up any more
+    since = ["eval", "export-feedback", "--out", str(out), "--rating", "all", "--since"]
+    assert await asyncio.to_thread(main, [*since, "1h"]) == 0
+    assert len(load_dataset(out).cases) == 2
+    assert await asyncio.to_thread(main, [*since, "2999-01-01"]) == 0
+    assert "rows: []" in out.read_text()
 
 
 async def test_another_callers_turn_is_the_unknown_ones_404_byte_for_byte(
@@ -289,6 +294,34 @@ async def test_another_callers_turn_is_the_unknown_ones_404_byte_for_byte(
     assert all(r.status_code == 404 and is_envelope(r.json(), "not_found") for r in strangers)
     assert await feedback_rows(db_url) == 0
     assert not any(name == "agent_feedback" for name, _ in metrics.counters)
+
+
+async def test_a_trace_id_on_several_of_the_callers_turns_is_a_409(
+    served: tuple[str, InMemoryMetrics], db_url: str
+) -> None:
+    """A caller that sent one ``traceparent`` with two questions has two turns with one trace
+    id: rating by it is refused (409 ``ambiguous_trace_id``), by turn it works."""
+    url, _ = served
+    store = PgConversationStore(await asyncpg.create_pool(db_url, min_size=1, max_size=1))
+    try:
+        record = TurnRecord("q", "a", "answered", False, "m", trace_id=DOC_TRACE)
+        first, _ = await store.start("nina", record)
+        await store.start("nina", record)
+    finally:
+        await store.close()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        response = await http.post(
+            "/feedback", json={"trace_id": DOC_TRACE, "rating": "up"}, headers=NORTHWIND_STAFF
+        )
+        assert response.status_code == 409, response.text
+        assert is_envelope(response.json(), "ambiguous_trace_id")
+        assert await feedback_rows(db_url) == 0
+        by_turn = await http.post(
+            "/feedback",
+            json={"conversation_id": str(first.id), "turn": 1, "rating": "up"},
+            headers=NORTHWIND_STAFF,
+        )
+        assert by_turn.status_code == 200 and by_turn.json()["trace_id"] == DOC_TRACE
 
 
 async def test_bad_feedback_is_a_422_envelope_naming_the_field(
