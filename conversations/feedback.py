@@ -27,13 +27,12 @@ from typing import Any, Literal, Protocol
 import asyncpg
 
 from conversations.store import (
-    CONNECT_TIMEOUT_S,
     Citation,
     ConversationStore,
     NoSuchConversation,
     ToolCallRecord,
 )
-from foundation.database import check_revision
+from foundation.database import open_pool_at_head
 
 Rating = Literal["up", "down"]
 RATINGS: tuple[Rating, ...] = ("up", "down")
@@ -196,16 +195,7 @@ class PgFeedbackStore:
     @classmethod
     async def connect(cls, url: str, *, min_size: int = 1, max_size: int = 2) -> PgFeedbackStore:
         """Open a pool, refusing a database whose schema is missing or not at head."""
-        conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
-        try:
-            await check_revision(conn)
-        finally:
-            await conn.close()
-        pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, timeout=CONNECT_TIMEOUT_S
-        )
-        assert pool is not None
-        return cls(pool)
+        return cls(await open_pool_at_head(url, min_size=min_size, max_size=max_size))
 
     async def close(self) -> None:
         await self._pool.close()

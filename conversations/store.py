@@ -30,12 +30,11 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from foundation.database import check_revision
+from foundation.database import open_pool_at_head
 
 JsonObject = dict[str, Any]
 
 TITLE_CHARS = 120  # a conversation's title: the start of its first question
-CONNECT_TIMEOUT_S = 10.0
 
 
 class ConversationStoreError(Exception):
@@ -288,16 +287,7 @@ class PgConversationStore:
         cls, url: str, *, min_size: int = 1, max_size: int = 10
     ) -> PgConversationStore:
         """Open a pool, refusing a database whose schema is missing or not at head."""
-        conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
-        try:
-            await check_revision(conn)
-        finally:
-            await conn.close()
-        pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, timeout=CONNECT_TIMEOUT_S
-        )
-        assert pool is not None
-        return cls(pool)
+        return cls(await open_pool_at_head(url, min_size=min_size, max_size=max_size))
 
     @property
     def pool(self) -> asyncpg.Pool:

@@ -239,6 +239,24 @@ async def check_revision(conn: asyncpg.Connection) -> None:
     _check_revision(revision)
 
 
+POOL_CONNECT_TIMEOUT_S = 10.0
+
+
+async def open_pool_at_head(url: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
+    """A connection pool on ``url``, opened only when its schema is at head (the stores that
+    do not depend on the embedding dimension: conversations, feedback, usage limits)."""
+    conn = await asyncpg.connect(url, timeout=POOL_CONNECT_TIMEOUT_S)
+    try:
+        await check_revision(conn)
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, timeout=POOL_CONNECT_TIMEOUT_S
+    )
+    assert pool is not None
+    return pool
+
+
 async def check_schema(conn: asyncpg.Connection, expected_dim: int) -> None:
     """Refuse to touch a store whose schema is missing, old, or of another dimension."""
     revision, dim = await schema_state(conn)

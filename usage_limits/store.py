@@ -27,10 +27,9 @@ from typing import Protocol
 
 import asyncpg
 
-from foundation.database import check_revision
+from foundation.database import open_pool_at_head
 from usage_limits.core import Counts, Decision, Period, SubjectLimits, decide, window_start
 
-CONNECT_TIMEOUT_S = 10.0
 PRUNE_EVERY_S = 60.0
 MINUTE_ROWS_KEPT = timedelta(hours=1)
 
@@ -101,16 +100,7 @@ class PgUsageStore:
     @classmethod
     async def connect(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> PgUsageStore:
         """Open a pool, refusing a database whose schema is missing or not at head."""
-        conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
-        try:
-            await check_revision(conn)
-        finally:
-            await conn.close()
-        pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, timeout=CONNECT_TIMEOUT_S
-        )
-        assert pool is not None
-        return cls(pool)
+        return cls(await open_pool_at_head(url, min_size=min_size, max_size=max_size))
 
     async def close(self) -> None:
         await self._pool.close()
