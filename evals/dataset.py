@@ -58,11 +58,11 @@ class DatasetError(ValueError):
         self.problems = list(problems)
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
 
 
-class Identity(_Strict):
+class Identity(StrictModel):
     """Who asks: the claims of the eval token minted for the row."""
 
     sub: NonEmpty = "eval"
@@ -73,7 +73,7 @@ class Identity(_Strict):
 FALLBACK_IDENTITY = Identity(sub="eval", roles=[], domains=[])
 
 
-class ToolsCalled(_Strict):
+class ToolsCalled(StrictModel):
     all: NonEmptyList | None = None
     any: NonEmptyList | None = None
     none: bool | NonEmptyList | None = None
@@ -92,7 +92,7 @@ class ToolsCalled(_Strict):
         return self
 
 
-class Keywords(_Strict):
+class Keywords(StrictModel):
     all: NonEmptyList | None = None
     any: NonEmptyList | None = None
 
@@ -103,7 +103,7 @@ class Keywords(_Strict):
         return self
 
 
-class XFail(_Strict):
+class XFail(StrictModel):
     """A known gap of some models: the row is expected to fail only when the model under
     eval matches one of ``models`` (an exact id or an ``fnmatch`` glob, case-insensitive).
     Scoped so that a gap of a small local model never hides the same row for another."""
@@ -121,7 +121,7 @@ class XFail(_Strict):
 XFAIL_FORM = 'xfail: {models: [MODEL_ID_OR_GLOB], reason: "why it fails for them"}'
 
 
-class Row(_Strict):
+class Row(StrictModel):
     """One golden row (see evals/README.md for what each expectation checks)."""
 
     id: Annotated[str, StringConstraints(pattern=ROW_ID_PATTERN)]
@@ -164,11 +164,11 @@ class Row(_Strict):
         return [name for name in JUDGED if getattr(self, name) is not None]
 
 
-class Defaults(_Strict):
+class Defaults(StrictModel):
     as_: Identity | None = Field(default=None, alias="as")
 
 
-class DatasetFile(_Strict):
+class DatasetFile(StrictModel):
     version: Literal[1]
     description: str | None = None
     defaults: Defaults | None = None

@@ -16,15 +16,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import Field, StringConstraints, ValidationError
 
 from agent.followups import PriorTurn
-from evals.dataset import ROW_ID_PATTERN, DatasetError, read_yaml
+from evals.dataset import ROW_ID_PATTERN, DatasetError, NonEmpty, StrictModel, read_yaml
 from evals.retrieval_labels import (
     ANSWERS,
     RELATED,
     SEPARATOR,
     Caller,
+    CallerModel,
     DocCorpus,
     Label,
     SectionKey,
@@ -34,19 +35,8 @@ from foundation.acl import is_visible
 
 DEFAULT_FOLLOWUPS_DATASET = Path("evals/datasets/followups.yaml")
 
-NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
-
-
-class _CallerModel(_Strict):
-    roles: list[NonEmpty] = Field(default_factory=list)
-    domains: list[NonEmpty] = Field(default_factory=list)
-
-
-class _TurnModel(_Strict):
+class _TurnModel(StrictModel):
     q: NonEmpty
     a: str = ""
     ids: list[NonEmpty] = Field(default_factory=list)
@@ -56,16 +46,16 @@ class _TurnModel(_Strict):
     tools: dict[NonEmpty, dict[str, Any]] = Field(default_factory=dict)
 
 
-class _ConversationModel(_Strict):
+class _ConversationModel(StrictModel):
     id: Annotated[str, StringConstraints(pattern=ROW_ID_PATTERN)]
     as_: NonEmpty = Field(alias="as")
     turns: Annotated[list[_TurnModel], Field(min_length=2, max_length=3)]
 
 
-class _FileModel(_Strict):
+class _FileModel(StrictModel):
     version: int
     docs: NonEmpty
-    callers: Annotated[dict[NonEmpty, _CallerModel], Field(min_length=1)]
+    callers: Annotated[dict[NonEmpty, CallerModel], Field(min_length=1)]
     conversations: Annotated[list[_ConversationModel], Field(min_length=1)]
 
 

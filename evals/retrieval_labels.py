@@ -28,9 +28,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import Field, StringConstraints, ValidationError
 
-from evals.dataset import ROW_ID_PATTERN, DatasetError, read_yaml
+from evals.dataset import ROW_ID_PATTERN, DatasetError, NonEmpty, StrictModel, read_yaml
 from foundation.acl import caller_entries, is_visible, parse_acl
 from foundation.settings import DEFAULT_DOC_ROOTS
 from retrieval.chunking import (
@@ -128,19 +128,13 @@ class DocCorpus:
 
 # --- the file -----------------------------------------------------------------------------------
 
-NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
-
-
-class _CallerModel(_Strict):
+class CallerModel(StrictModel):
     roles: list[NonEmpty] = Field(default_factory=list)
     domains: list[NonEmpty] = Field(default_factory=list)
 
 
-class _RowModel(_Strict):
+class _RowModel(StrictModel):
     id: Annotated[str, StringConstraints(pattern=ROW_ID_PATTERN)]
     category: Category
     as_: NonEmpty = Field(alias="as")
@@ -150,10 +144,10 @@ class _RowModel(_Strict):
     hidden: list[NonEmpty] = Field(default_factory=list)
 
 
-class _FileModel(_Strict):
+class _FileModel(StrictModel):
     version: Literal[1]
     docs: NonEmpty  # the documentation folder, relative to the file's repository
-    callers: Annotated[dict[NonEmpty, _CallerModel], Field(min_length=1)]
+    callers: Annotated[dict[NonEmpty, CallerModel], Field(min_length=1)]
     rows: Annotated[list[_RowModel], Field(min_length=1)]
 
 
