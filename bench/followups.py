@@ -1,9 +1,10 @@
 """Follow-ups that retrieve well (issue 17, item 3): retrieval recall@5 of the raw follow-up,
 the rewritten one and the hand-written standalone question, and end-to-end pass rates of the
-follow-up turns with a scripted model.
+follow-up turns with a scripted model, or over HTTP with a running service's model.
 
     python -m bench.followups [--dataset evals/datasets/followups.yaml]
         [--out-dir bench/out/followups] [--database retrieval_quality] [--no-e2e]
+    python -m bench.followups --service http://127.0.0.1:8000 [--model M] [--budget-minutes N]
 
 The conversations are ``evals/datasets/followups.yaml`` (how they were written: its header).
 The sample documentation is ingested as ``bench.retrieval_quality`` does it, into the same
@@ -30,6 +31,16 @@ standalone questions asked instead). A follow-up passes when its run is ``answer
 cites a labelled answering section (documentation), and calls every expected tool with the
 expected arguments (live data). A scripted model cannot show what a real model makes of the
 history: this measures what the service searches and grounds for it.
+
+With ``--service URL`` the end-to-end part runs over real HTTP against a running service
+instead (its configured model: the local one by default), and the retrieval part is not
+run. Every conversation is asked as its caller (an eval token signed with
+``EVAL_JWT_SECRET``, as ``evals.runner`` signs them): turn 1 ``POST /ask`` without a
+``conversation_id``, later turns with the one it returned (``threaded``: the follow-up as
+typed, what the service ships), then each follow-up's standalone question as a new
+conversation (``standalone``). The same ``passed`` rule scores the answer, and each ask's
+latency is kept. ``--budget-minutes`` stops before the next conversation once spent (the
+report then says how many ran).
 """
 
 from __future__ import annotations
@@ -37,17 +48,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
+from pydantic import ValidationError
 
 from agent.answer import AgentAnswer
 from agent.entities import NamedEntity, ids_in_text, match_names
@@ -75,6 +89,7 @@ from evals.followups import (
     tools_match,
 )
 from evals.retrieval_labels import Caller, SectionKey
+from foundation.eval_tokens import mint_eval_token
 from foundation.identity import AuthUser
 from local_world.claims import claims_from_payload, encode_flat_claims
 from local_world.clock import FixedClock
@@ -206,6 +221,7 @@ class E2ERow:
     cited: tuple[str, ...]
     tools: tuple[str, ...]
     notes: tuple[str, ...]
+    latency_ms: float | None = None  # over HTTP (--service): the ask's wall time
 
 
 def user_of(caller: Caller) -> AuthUser:
@@ -224,6 +240,29 @@ def passed(turn: Turn, answer: AgentAnswer, dataset: FollowupDataset) -> bool:
     return not turn.tools or tools_match(turn.tools, answer.tool_calls)
 
 
+def e2e_row(
+    conversation: Conversation,
+    index: int,
+    condition: str,
+    question: str,
+    answer: AgentAnswer,
+    dataset: FollowupDataset,
+    latency_ms: float | None = None,
+) -> E2ERow:
+    return E2ERow(
+        conversation.id,
+        index + 1,
+        condition,
+        question,
+        passed(conversation.turns[index], answer, dataset),
+        answer.decision,
+        tuple(f"{c.source} > {c.section}" for c in answer.citations),
+        tuple(f"{t.name}{json.dumps(t.arguments)}" for t in answer.tool_calls),
+        tuple(answer.notes),
+        latency_ms,
+    )
+
+
 async def run_conversation(
     agent: Agent, conversation: Conversation, condition: str, dataset: FollowupDataset
 ) -> list[E2ERow]:
@@ -237,19 +276,7 @@ async def run_conversation(
             question = turn.standalone
         answer = await agent.answer(question, user, history=tuple(history), earlier=earlier)
         if index > 0:
-            rows.append(
-                E2ERow(
-                    conversation.id,
-                    index + 1,
-                    condition,
-                    question,
-                    passed(turn, answer, dataset),
-                    answer.decision,
-                    tuple(f"{c.source} > {c.section}" for c in answer.citations),
-                    tuple(f"{t.name}{json.dumps(t.arguments)}" for t in answer.tool_calls),
-                    tuple(answer.notes),
-                )
-            )
+            rows.append(e2e_row(conversation, index, condition, question, answer, dataset))
         earlier.append(prior_turn(question, answer.answer, answer.tool_calls))
         history += [Message("user", question), Message("assistant", answer.answer)]
     return rows
@@ -300,6 +327,201 @@ def in_process_tools(
     return make, client
 
 
+# --- end to end over HTTP, against a running service (--service) ------------------------------
+
+SERVICE_CONDITIONS = ("threaded", "standalone")
+HTTP_TIMEOUT_SECONDS = 200.0  # above the service's own /ask deadline (ASK_TIMEOUT_SECONDS, 170)
+TOKEN_TTL_SECONDS = 6 * 3600
+WARM_UP_QUESTION = "What is CrowdVision?"  # not in the set; its answer is not scored
+
+
+@dataclass(frozen=True)
+class Asked:
+    answer: AgentAnswer | None  # None: no answer (``error`` says why)
+    conversation_id: str | None
+    latency_ms: float
+    error: str | None = None
+
+
+@dataclass
+class Service:
+    """``POST /ask`` on a running service as the dataset's callers."""
+
+    client: httpx.AsyncClient
+    base_url: str
+    secret: str  # the service's EVAL_JWT_SECRET
+    model: str | None = None  # the per-request override (None: the service's ANSWER_MODEL)
+    tokens: dict[str, str] = field(default_factory=dict)
+    models: dict[str, int] = field(default_factory=dict)  # who answered, how often
+    calls: int = 0
+
+    def token(self, caller: Caller) -> str:
+        if caller.name not in self.tokens:
+            self.tokens[caller.name] = mint_eval_token(
+                self.secret,
+                f"bench-{caller.name}",
+                caller.roles,
+                caller.domains,
+                ttl=TOKEN_TTL_SECONDS,
+            )
+        return self.tokens[caller.name]
+
+    async def ask(self, caller: Caller, question: str, conversation_id: str | None = None) -> Asked:
+        body: dict[str, Any] = {"question": question}
+        if conversation_id is not None:
+            body["conversation_id"] = conversation_id
+        if self.model:
+            body["model"] = self.model
+        headers = {"authorization": f"Bearer {self.token(caller)}"}
+        self.calls += 1
+        started = time.perf_counter()
+        try:
+            resp = await self.client.post(f"{self.base_url}/ask", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            elapsed = (time.perf_counter() - started) * 1000
+            return Asked(None, None, elapsed, f"request failed: {type(exc).__name__}")
+        elapsed = (time.perf_counter() - started) * 1000
+        text = " ".join(resp.text.split())[:300]
+        if resp.status_code >= 400:
+            return Asked(None, None, elapsed, f"HTTP {resp.status_code}: {text}")
+        try:
+            data = resp.json()
+            answer = AgentAnswer.model_validate(data)
+        except (ValueError, ValidationError):
+            return Asked(None, None, elapsed, f"HTTP {resp.status_code}, not an answer: {text}")
+        self.models[answer.model] = self.models.get(answer.model, 0) + 1
+        thread = data.get("conversation_id")
+        return Asked(answer, thread if isinstance(thread, str) else None, elapsed)
+
+
+def asked_row(
+    conversation: Conversation,
+    index: int,
+    condition: str,
+    question: str,
+    asked: Asked,
+    dataset: FollowupDataset,
+) -> E2ERow:
+    if asked.answer is None:
+        notes = (asked.error or "no answer",)
+        return E2ERow(
+            conversation.id,
+            index + 1,
+            condition,
+            question,
+            False,
+            "error",
+            (),
+            (),
+            notes,
+            asked.latency_ms,
+        )
+    return e2e_row(
+        conversation, index, condition, question, asked.answer, dataset, asked.latency_ms
+    )
+
+
+def _log(row: E2ERow) -> None:
+    seconds = f"{row.latency_ms / 1000:.1f} s" if row.latency_ms is not None else "-"
+    verdict = "PASS" if row.passed else "fail"
+    print(
+        f"  {row.conversation} turn {row.turn} {row.condition}: {verdict} ({row.decision}) "
+        f"{seconds}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def run_service_conversation(
+    service: Service, conversation: Conversation, dataset: FollowupDataset, first: list[float]
+) -> list[E2ERow]:
+    """``threaded`` then ``standalone``; ``first``: the latency of turn 1 is appended."""
+    rows: list[E2ERow] = []
+    thread: str | None = None
+    caller = conversation.caller
+    for index, turn in enumerate(conversation.turns):
+        if index > 0 and thread is None:
+            note = "not asked: turn 1 started no conversation (no conversation_id)"
+            rows.append(
+                E2ERow(
+                    conversation.id,
+                    index + 1,
+                    "threaded",
+                    turn.question,
+                    False,
+                    "error",
+                    (),
+                    (),
+                    (note,),
+                )
+            )
+            continue
+        asked = await service.ask(caller, turn.question, thread)
+        if index == 0:
+            thread = asked.conversation_id
+            first.append(asked.latency_ms)
+            continue
+        rows.append(asked_row(conversation, index, "threaded", turn.question, asked, dataset))
+    for index in range(1, len(conversation.turns)):
+        question = conversation.turns[index].standalone or conversation.turns[index].question
+        asked = await service.ask(caller, question)
+        rows.append(asked_row(conversation, index, "standalone", question, asked, dataset))
+    for row in rows:
+        _log(row)
+    return rows
+
+
+async def run_service(
+    dataset: FollowupDataset,
+    base_url: str,
+    secret: str,
+    *,
+    model: str | None = None,
+    budget_seconds: float | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Report:
+    """Every conversation over HTTP (see the module docstring); ``transport``: tests."""
+    from evals.runner import check_service
+
+    base_url = base_url.rstrip("/")
+    report = Report(dataset, [], e2e_model="over HTTP against the service")
+    timeout = httpx.Timeout(HTTP_TIMEOUT_SECONDS, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
+        await check_service(client, base_url)
+        service = Service(client, base_url, secret, model)
+        warm = await service.ask(dataset.conversations[0].caller, WARM_UP_QUESTION)
+        print(f"warm-up ask: {warm.latency_ms / 1000:.1f} s", file=sys.stderr, flush=True)
+        service.models.clear()
+        service.calls = 0
+        started = time.perf_counter()
+        ran = 0
+        for conversation in dataset.conversations:
+            if budget_seconds is not None and time.perf_counter() - started > budget_seconds:
+                break
+            report.e2e += await run_service_conversation(
+                service, conversation, dataset, report.first_turn_ms
+            )
+            ran += 1
+        elapsed = time.perf_counter() - started
+    total = len(dataset.conversations)
+    report.e2e_model = "over HTTP, " + (
+        ", ".join(f"{m} ({n} asks)" for m, n in service.models.items()) or "no answers"
+    )
+    report.context.update(
+        {
+            "service": base_url,
+            "model": report.e2e_model,
+            "conversations run": f"{ran} of {total}"
+            + ("" if ran == total else " (PARTIAL: the budget ran out)"),
+            "asks": f"{service.calls} in {elapsed:.0f} s "
+            f"(a warm-up ask first, {warm.latency_ms / 1000:.1f} s, not counted)",
+            "first turns": f"p50 {_seconds(report.first_turn_ms, 50)}, "
+            f"p95 {_seconds(report.first_turn_ms, 95)}",
+        }
+    )
+    return report
+
+
 # --- the report ---------------------------------------------------------------------------------
 
 
@@ -309,6 +531,8 @@ class Report:
     retrieval: list[RetrievalRow]
     e2e: list[E2ERow] = field(default_factory=list)
     context: dict[str, str] = field(default_factory=dict)
+    e2e_model: str = "scripted (faithful) model"
+    first_turn_ms: list[float] = field(default_factory=list)  # over HTTP: turn 1's latency
 
 
 def _mean(values: Sequence[float]) -> str:
@@ -319,47 +543,67 @@ def _rate(values: Sequence[bool]) -> str:
     return f"{sum(values)}/{len(values)} ({sum(values) / len(values):.0%})" if values else "-"
 
 
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank (``q`` in 0..100)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def _seconds(values_ms: Sequence[float], q: float) -> str:
+    value = _percentile(values_ms, q)
+    return f"{value / 1000:.1f} s" if value is not None else "-"
+
+
 def summary_markdown(report: Report) -> str:
     docs = [r for r in report.retrieval if r.recall["raw"] is not None]
     live = [r for r in report.retrieval if r.resolved["raw"] is not None]
-    lines = [
-        f"{len(report.dataset.conversations)} conversations, {len(report.retrieval)} "
-        f"follow-ups ({len(docs)} documentation, {len(live)} with live-data entities)",
-        "",
-        f"| query | recall@{K} (documentation) | hit@{K} | entities resolved (live data) |",
-        "|---|---|---|---|",
-    ]
-    for condition in CONDITIONS:
+    lines = [f"{len(report.dataset.conversations)} conversations"]
+    if report.retrieval:
+        lines[0] += (
+            f", {len(report.retrieval)} follow-ups ({len(docs)} documentation, "
+            f"{len(live)} with live-data entities)"
+        )
+        lines += [
+            "",
+            f"| query | recall@{K} (documentation) | hit@{K} | entities resolved (live data) |",
+            "|---|---|---|---|",
+        ]
+    for condition in CONDITIONS if report.retrieval else ():
         recalls = [r.recall[condition] for r in docs]
         values = [v for v in recalls if v is not None]
         hits = [v > 0 for v in values]
         resolved = [bool(r.resolved[condition]) for r in live]
         lines.append(f"| {condition} | {_mean(values)} | {_rate(hits)} | {_rate(resolved)} |")
     if report.e2e:
+        timed = any(r.latency_ms is not None for r in report.e2e)
         lines += [
             "",
-            "End to end, scripted (faithful) model: follow-up turns passed",
+            f"End to end, {report.e2e_model}: follow-up turns passed",
             "",
-            "| condition | all | documentation | live data |",
-            "|---|---|---|---|",
+            "| condition | all | documentation | live data |" + (" p50 | p95 |" if timed else ""),
+            "|---|---|---|---|" + ("---|---|" if timed else ""),
         ]
         kinds = {
             (c.id, i + 1): ("documentation" if t.documentation else "live data")
             for c in report.dataset.conversations
             for i, t in enumerate(c.turns)
         }
-        for condition in CONDITIONS:
+        for condition in dict.fromkeys(r.condition for r in report.e2e):
             rows = [r for r in report.e2e if r.condition == condition]
-            if not rows:
-                continue
             by_kind = {
                 kind: [r.passed for r in rows if kinds[(r.conversation, r.turn)] == kind]
                 for kind in ("documentation", "live data")
             }
-            lines.append(
+            line = (
                 f"| {condition} | {_rate([r.passed for r in rows])} | "
                 f"{_rate(by_kind['documentation'])} | {_rate(by_kind['live data'])} |"
             )
+            if timed:
+                ms = [r.latency_ms for r in rows if r.latency_ms is not None]
+                line += f" {_seconds(ms, 50)} | {_seconds(ms, 95)} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -381,12 +625,21 @@ def report_markdown(report: Report) -> str:
             shown = ", ".join(f for f in figures if f)
             lines.append(f"- {condition}: `{row.queries[condition]}` {shown}")
         lines.append("")
+    if not report.retrieval:  # over HTTP: the runs alone
+        for run in report.e2e:
+            seconds = f", {run.latency_ms / 1000:.1f} s" if run.latency_ms is not None else ""
+            lines.append(
+                f"- {run.conversation}, turn {run.turn}, {run.condition}: `{run.question}` "
+                f"{'PASS' if run.passed else 'fail'} ({run.decision}{seconds}); cited "
+                f"{list(run.cited)}; tools {list(run.tools)}; notes {list(run.notes)}"
+            )
     return "\n".join(lines)
 
 
 def report_jsonl(report: Report) -> str:
     out = [json.dumps({"kind": "retrieval", **row.__dict__}) for row in report.retrieval]
     out += [json.dumps({"kind": "e2e", **row.__dict__}) for row in report.e2e]
+    out += [json.dumps({"kind": "first_turn", "latency_ms": ms}) for ms in report.first_turn_ms]
     return "\n".join(out) + "\n"
 
 
@@ -399,6 +652,9 @@ class Options:
     out_dir: Path = DEFAULT_OUT_DIR
     database: str = "retrieval_quality"
     e2e: bool = True
+    service: str | None = None  # a running service's base URL: end to end over HTTP only
+    model: str | None = None  # with ``service``: the per-request model override
+    budget_minutes: float | None = None  # with ``service``
 
 
 async def run_benchmark(options: Options) -> Report:
@@ -455,17 +711,66 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--out-dir", type=Path, default=Options.out_dir)
     parser.add_argument("--database", default=Options.database)
     parser.add_argument("--no-e2e", action="store_true", help="retrieval only")
+    parser.add_argument(
+        "--service",
+        metavar="URL",
+        help="end to end over HTTP against this running service (needs its EVAL_JWT_SECRET); "
+        "no retrieval part",
+    )
+    parser.add_argument("--model", help="with --service: the per-request model override")
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        help="with --service: start no new conversation after this long (a partial report)",
+    )
     args = parser.parse_args(argv)
-    return Options(args.dataset, args.out_dir, args.database, not args.no_e2e)
+    return Options(
+        args.dataset,
+        args.out_dir,
+        args.database,
+        not args.no_e2e,
+        args.service,
+        args.model,
+        args.budget_minutes,
+    )
+
+
+async def run_service_benchmark(options: Options) -> Report:
+    from evals.runner import eval_secret
+    from foundation.settings import load_settings
+
+    assert options.service is not None
+    dataset = load_followups(options.dataset, repo_root=ROOT)
+    secret = eval_secret(load_settings())
+    budget = options.budget_minutes * 60 if options.budget_minutes is not None else None
+    report = await run_service(
+        dataset, options.service, secret, model=options.model, budget_seconds=budget
+    )
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    done = await asyncio.to_thread(subprocess.run, git, cwd=ROOT, capture_output=True, text=True)
+    commit = done.stdout.strip()
+    report.context = {
+        "date": date.today().isoformat(),
+        "commit": commit or "-",
+        "command": "python -m bench.followups " + " ".join(sys.argv[1:]),
+        **report.context,
+    }
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     options = parse_args(argv)
+    from evals.runner import EvalConfigError
+
     try:
-        report = asyncio.run(run_benchmark(options))
+        run = run_service_benchmark if options.service else run_benchmark
+        report = asyncio.run(run(options))
     except DatasetError as exc:
         print("invalid dataset:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return 2
+    except EvalConfigError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
     print(summary_markdown(report))
     options.out_dir.mkdir(parents=True, exist_ok=True)
