@@ -40,7 +40,8 @@ run. Every conversation is asked as its caller (an eval token signed with
 typed, what the service ships), then each follow-up's standalone question as a new
 conversation (``standalone``). The same ``passed`` rule scores the answer, and each ask's
 latency is kept. ``--budget-minutes`` stops before the next conversation once spent (the
-report then says how many ran).
+report then says how many ran; the conversations run with documentation and live data
+interleaved, so a partial run holds both).
 """
 
 from __future__ import annotations
@@ -471,6 +472,16 @@ async def run_service_conversation(
     return rows
 
 
+def interleaved(conversations: Sequence[Conversation]) -> list[Conversation]:
+    """The conversations with their kinds spread evenly (the n-th of a kind of size m at
+    (n + 0.5) / m), so that a partial run holds documentation and live data in proportion."""
+    groups: dict[str, list[Conversation]] = {}
+    for conversation in conversations:
+        groups.setdefault(conversation.kind, []).append(conversation)
+    placed = [((n + 0.5) / len(g), c) for g in groups.values() for n, c in enumerate(g)]
+    return [c for _, c in sorted(placed, key=lambda pair: pair[0])]
+
+
 async def run_service(
     dataset: FollowupDataset,
     base_url: str,
@@ -495,7 +506,7 @@ async def run_service(
         service.calls = 0
         started = time.perf_counter()
         ran = 0
-        for conversation in dataset.conversations:
+        for conversation in interleaved(dataset.conversations):
             if budget_seconds is not None and time.perf_counter() - started > budget_seconds:
                 break
             report.e2e += await run_service_conversation(
