@@ -74,6 +74,7 @@ from agent.answer import (
 from foundation.tracing import carrier_from_headers
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, LimitsDep, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
+from serve_app.api.fields import integral
 from serve_app.api.middleware import current_request_id
 from serve_app.backend import AskParams, BackendError, BackendTimeout
 from serve_app.model_override import check_model_override
@@ -96,14 +97,6 @@ CLEANUP_TIMEOUT_SECONDS = 5.0
 NOT_BLANK = (
     "[^\\t\\n\\v\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
 )
-
-
-def _integral(value: object) -> object:
-    """``5.0`` is the JSON integer 5 (JSON Schema says so; some clients serialise it that
-    way); strict validation would refuse the float. ``5.5``, strings and booleans still fail."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 class AskRequest(BaseModel):
@@ -133,7 +126,7 @@ class AskRequest(BaseModel):
         default=False,
         description="true: answer as Server-Sent Events (progress/tool/token/.../done)",
     )
-    top_k: Annotated[int, Field(ge=1, le=50), BeforeValidator(_integral)] | None = Field(
+    top_k: Annotated[int, Field(ge=1, le=50), BeforeValidator(integral)] | None = Field(
         default=None, description="Documentation chunks per search (default TOP_K_FINAL)."
     )
     model: (

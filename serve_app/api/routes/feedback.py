@@ -31,7 +31,15 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 from conversations.feedback import (
     MAX_COMMENT_CHARS,
@@ -46,6 +54,7 @@ from conversations.feedback import (
 from conversations.store import NoSuchConversation
 from serve_app.api.deps import CurrentUser, SettingsDep
 from serve_app.api.errors import ApiError, ErrorEnvelope, error_responses
+from serve_app.api.fields import integral
 from serve_app.backend import ConversationNotFound
 from serve_app.feedback import attach_to_trace
 from serve_app.metrics import MetricsSink, feedback_measurement
@@ -97,11 +106,13 @@ class FeedbackRequest(BaseModel):
     conversation_id: uuid.UUID | None = Field(
         default=None, description="The turn's conversation (with `turn`)."
     )
-    turn: Annotated[int, Strict()] | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_TURN,
-        description="The turn's number, from 1 (with `conversation_id`).",
+    # The bounds sit inside Annotated: on the optional union beside a BeforeValidator they
+    # would be enforced but dropped from the OpenAPI schema.
+    turn: Annotated[int, Strict(), Field(ge=1, le=MAX_TURN), BeforeValidator(integral)] | None = (
+        Field(
+            default=None,
+            description="The turn's number, from 1 (with `conversation_id`).",
+        )
     )
     trace_id: str | None = Field(
         default=None,
