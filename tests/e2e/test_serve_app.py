@@ -8,6 +8,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EVAL_SECRET = "e2e-eval-secret-0123456789abcdef"
 STAFF = claims("u-staff", ("northwind", "business_staff"))
 ADMIN = claims("u-admin", ("crowdvision-ops", "admin"))
+USER_PER_MINUTE = 30
 
 
 class Stack:
@@ -75,13 +77,18 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "OTEL_EXPORTER_OTLP_HEADERS": "x-langfuse-ingestion-version=4",
             "OTEL_BSP_SCHEDULE_DELAY": "200",  # export within 0.2 s (default 5 s)
             "EVAL_JWT_SECRET": EVAL_SECRET,
+            # High enough for every other test's caller; the limits test uses its own.
+            "RATE_LIMIT_USER_PER_MINUTE": str(USER_PER_MINUTE),
         }
         port = free_port()
         with scoped_environ(env), ray_cluster() as address:
             try:
                 ray.init(address=address, log_to_driver=False)
                 serve.start(http_options={"host": "127.0.0.1", "port": port})
-                serve.run(build_app(), name="agent", route_prefix="/")
+                # Two Ingress replicas: the rate limit is counted across both.
+                ingress = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
+                app = build_app({"per_deployment": {"Ingress": ingress}})
+                serve.run(app, name="agent", route_prefix="/")
                 url = f"http://127.0.0.1:{port}"
                 wait_ready(url)
                 yield Stack(url, llm, collector)
@@ -281,6 +288,40 @@ def test_a_conversation_continues_through_the_ingress_and_reads_back(stack: Stac
     assert theirs.json() == {"error": {"code": "not_found", "message": f"no conversation {ident}"}}
     gone = httpx.delete(f"{stack.url}/conversations/{ident}", headers=STAFF, timeout=30)
     assert gone.status_code == 204
+
+
+def test_the_rate_limit_holds_through_the_serve_ingress(stack: Stack) -> None:
+    """RATE_LIMIT_USER_PER_MINUTE counted in PostgreSQL from two Ingress replicas at once: a
+    fresh caller sending N+k asks eight at a time gets exactly N answers this minute and k 429
+    envelopes with Retry-After; the answers carry each remaining allowance once; an admin
+    (Cedar: exempt) is never refused."""
+    from ray import serve
+
+    ingress = serve.status().applications["agent"].deployments["Ingress"]
+    assert ingress.replica_states.get("RUNNING") == 2
+    question = "limits through the ingress"
+    stack.llm.script({"text": "Within the limit."}, key=question, mode="loop")
+    caller = claims("u-limited", ("acme", "business_staff"))
+    if 60 - time.gmtime().tm_sec < 20:  # the minute window must not roll over mid-test
+        time.sleep(61 - time.gmtime().tm_sec)
+    with httpx.Client(base_url=stack.url, timeout=60) as client:
+
+        def ask(_: int) -> httpx.Response:
+            return client.post("/ask", json={"question": question}, headers=caller)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            responses = list(pool.map(ask, range(USER_PER_MINUTE + 3)))
+        admin = client.post("/ask", json={"question": question}, headers=ADMIN)
+    answered = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code != 200]
+    assert len(answered) == USER_PER_MINUTE
+    assert [r.status_code for r in refused] == [429] * 3
+    remaining = sorted(int(r.headers["x-ratelimit-remaining"]) for r in answered)
+    assert remaining == list(range(USER_PER_MINUTE))
+    for r in refused:
+        assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert r.json()["error"]["code"] == "rate_limited"
+    assert admin.status_code == 200
 
 
 def test_model_override_is_role_gated_and_allow_listed(stack: Stack) -> None:
