@@ -104,6 +104,32 @@ def ray_env() -> dict[str, str]:
     return env
 
 
+def ensure_ray_auth_token(env: dict[str, str]) -> None:
+    """Token mode needs a token before ``ray start`` (Ray generates one only from
+    ``ray.init``): a fresh machine has none. ``ray get-auth-token --generate`` writes
+    ``~/.ray/auth_token`` once; an operator's ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH`` or an
+    existing file is left alone. The token goes to the file only, never to our output."""
+    if env.get("RAY_AUTH_MODE") != "token" or env.get("RAY_AUTH_TOKEN"):
+        return
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        return  # the operator's file: a missing one is Ray's error to name
+    if (Path(env.get("HOME") or Path.home()) / ".ray" / "auth_token").is_file():
+        return
+    proc = subprocess.run(
+        [_bin("ray"), "get-auth-token", "--generate"],
+        capture_output=True,  # stdout is the token itself
+        text=True,
+        env=env,
+        cwd=PROJECT_ROOT,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise RunnerError(
+            f"could not create the Ray auth token (`ray get-auth-token --generate`):\n"
+            f"{proc.stderr[-2000:]}"
+        )
+
+
 def gcs_port_closed(address: str, timeout: float = 2.0) -> bool:
     """True when nothing accepts a connection at ``address`` (a GCS ``host:port``): the
     cluster is certainly not running. ``ray status`` against a GCS that is gone (killed, or
@@ -356,8 +382,10 @@ def start_ray(settings: Settings, state: RunState) -> None:
         f"--object-store-memory={settings.ray_object_store_mb * 1024 * 1024}",
         "--disable-usage-stats",
     ]
+    env = ray_env()
+    ensure_ray_auth_token(env)
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=ray_env(), cwd=PROJECT_ROOT, timeout=180
+        cmd, capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=180
     )
     if proc.returncode != 0:
         stop_ray_node(str(temp_dir))  # whatever half-started

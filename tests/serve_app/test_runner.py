@@ -4,6 +4,7 @@ how the local LLM's models become the agent's answer model and override allowlis
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ from serve_app.runner import (
     LOCAL_LLM_APP,
     RunnerError,
     deploy_config,
+    ensure_ray_auth_token,
     local_model_allowlist,
+    ray_env,
     service_env,
 )
 
@@ -116,3 +119,24 @@ def test_ray_runs_serve_quietly_unless_the_environment_says_otherwise(
     assert env["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "1000"
     monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")
     assert ray_env()["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.1"
+
+
+def test_a_fresh_machine_gets_a_ray_auth_token_once(tmp_path: Path) -> None:
+    """``ray start`` in token mode refuses to start without one (``make run`` on a fresh
+    machine failed so); the token is written to the file and never printed."""
+    env = {**ray_env(), "HOME": str(tmp_path)}
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
+    ensure_ray_auth_token(env)
+    token_file = tmp_path / ".ray" / "auth_token"
+    token = token_file.read_text()
+    assert len(token.strip()) >= 32
+    ensure_ray_auth_token(env)  # an existing token is kept
+    assert token_file.read_text() == token
+
+
+def test_an_operators_token_is_left_alone(tmp_path: Path) -> None:
+    for given in ({"RAY_AUTH_TOKEN": "x" * 32}, {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "t")}):
+        ensure_ray_auth_token({**ray_env(), "HOME": str(tmp_path), **given})
+    ensure_ray_auth_token({**ray_env(), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"})
+    assert not (tmp_path / ".ray").exists()
