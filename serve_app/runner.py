@@ -425,6 +425,7 @@ def serve(settings: Settings, *, simulators: bool, local_llm: bool | None) -> Ru
             raise RunnerError(str(exc)) from None
     if simulators:
         start_simulators(settings, state)
+        save_state(settings, state)  # if Ray fails to start, `stop` still ends them
     start_ray(settings, state)
     save_state(settings, state)
     serve_deploy(deploy_config(settings, llm), settings)

@@ -140,3 +140,26 @@ def test_an_operators_token_is_left_alone(tmp_path: Path) -> None:
         ensure_ray_auth_token({**ray_env(), "HOME": str(tmp_path), **given})
     ensure_ray_auth_token({**ray_env(), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"})
     assert not (tmp_path / ".ray").exists()
+
+
+def test_simulators_started_before_a_failed_ray_start_stay_stoppable(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a failed ``ray start`` lost the simulators' pid: they kept the ports, the next
+    ``serve`` adopted them as someone else's, and ``stop`` never ended them."""
+    import serve_app.runner as runner
+
+    settings = settings_factory()
+    settings.home.mkdir(parents=True, exist_ok=True)
+
+    def started(_: Settings, state: runner.RunState) -> None:
+        state.simulator_pid = 424242
+
+    def ray_fails(_: Settings, __: runner.RunState) -> None:
+        raise RunnerError("`ray start` failed")
+
+    monkeypatch.setattr(runner, "start_simulators", started)
+    monkeypatch.setattr(runner, "start_ray", ray_fails)
+    with pytest.raises(RunnerError):
+        runner.serve(settings, simulators=True, local_llm=False)
+    assert runner.load_state(settings).simulator_pid == 424242
