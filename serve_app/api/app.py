@@ -9,6 +9,7 @@ Routes (all under ``API_PREFIX``, e.g. ``/agent``; OpenAPI at ``{prefix}/docs`` 
   (``serve_app.api.routes.conversations``); ``/ask`` stores its turns in them.
 * ``POST /feedback``: a rating of one of the caller's turns (``serve_app.api.routes.feedback``).
 * ``GET /healthz``, ``GET /readyz`` (503 with the checks when not ready): no credentials.
+* ``GET /ui/``: the chat page (``serve_app.api.routes.ui``; not in the schema).
 
 With a non-empty prefix, ``/healthz``, ``/readyz``, ``/docs`` and ``/openapi.json`` also answer
 at the root (out of the schema), for probes and proxies that strip the prefix.
@@ -70,6 +71,7 @@ from serve_app.api.middleware import (
     RequestContextMiddleware,
 )
 from serve_app.api.routes import ask, conversations, feedback, health, ingest
+from serve_app.api.routes.ui import install_ui
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
@@ -145,6 +147,7 @@ def create_app(
     app.include_router(api)
     if prefix:
         _root_aliases(app, prefix)
+    install_ui(app, settings)  # the chat page, {prefix}/ui/ (serve_app.api.routes.ui)
 
     # Added innermost first: CORS (outermost) -> request id / 500 -> body limit -> routes.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
