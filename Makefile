@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
 .PHONY: install install-local-llm-small run stop test lint typecheck unit db-up ingest search \
-	serve ask clean bench-ingest bench-search reranker
+	serve ask clean bench-ingest bench-search reranker chromium ui-vendor
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -40,6 +40,21 @@ $(SMALL_STAMP): $(STAMP)
 
 install-local-llm-small: $(SMALL_STAMP)
 
+# The chat page's browser tests (tests/e2e/test_ui_browser.py) drive Debian's chromium through
+# Playwright (a pinned dev dependency); never `playwright install`, which downloads a browser
+# build of its own. Installed with apt-get only when /usr/bin/chromium is missing.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  command -v apt-get >/dev/null || { echo "need Debian's chromium at /usr/bin/chromium"; exit 1; }; \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
+# The chat page's third-party ES modules (serve_app/ui/static/vendor), copied from npm at the
+# exact versions of serve_app/ui/npm/package-lock.json. Only after changing a version there:
+# the copies are committed, so neither `make run` nor `make test` needs npm.
+ui-vendor:
+	serve_app/ui/npm/vendor.sh
+
 db-up: install
 	$(BIN)/agent-service db up
 
@@ -55,8 +70,15 @@ search: install
 reranker: db-up
 	$(BIN)/agent-service train-reranker --layers 3 --max-length 192
 
+# `make run` is local use, so the chat page's development sign-in is on there: EVAL_JWT_SECRET
+# is yours, or one made once into .agent-service/dev-eval-secret (mode 600, never printed).
+# `agent-service serve` run by hand leaves it off unless EVAL_JWT_SECRET is set.
+DEV_SECRET := .agent-service/dev-eval-secret
+
 serve: ingest
-	$(BIN)/agent-service serve
+	@test -n "$$EVAL_JWT_SECRET" || test -s $(DEV_SECRET) || { mkdir -p $(dir $(DEV_SECRET)) && \
+	  (umask 077 && $(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))' > $(DEV_SECRET)); }
+	EVAL_JWT_SECRET="$${EVAL_JWT_SECRET:-$$(cat $(DEV_SECRET))}" $(BIN)/agent-service serve
 
 ask: install
 	$(BIN)/agent-service ask "How long is the alert cooldown by default, and what does it do?"
@@ -65,6 +87,7 @@ ask: install
 run: serve ask
 	@echo
 	@echo "The service keeps running. Try: .venv/bin/agent-service ask 'What does error code CV-E1033 mean?'"
+	@echo "Or chat in a browser: the 'chat page' URL above (development sign-in: pick a local user)"
 	@echo "Live data too: .venv/bin/agent-service ask 'How busy is Harbor Warehouse right now?'"
 	@echo "Stop everything with: make stop"
 
@@ -81,7 +104,7 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -m "not slow" -q
 
-test: lint typecheck $(SMALL_STAMP)
+test: lint typecheck $(SMALL_STAMP) chromium
 	$(BIN)/pytest -q
 
 bench-ingest: ingest

@@ -26,6 +26,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     for note in state.notes:
         print(f"note: {note}", file=out)
     print(f"API        {state.api_url}  (docs: {state.api_url}/docs)", file=out)
+    print(f"chat page  {state.api_url}/ui/  ({chat_sign_in(settings)})", file=out)
     print(f"dashboard  {state.dashboard_url}  (token: ~/.ray/auth_token)", file=out)
     if state.local_llm:
         models = ", ".join(local_llm_settings(settings).served_models)
@@ -33,6 +34,15 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         print(f"local LLM  {url}  (models: {models})", file=out)
     print("stop with: agent-service stop", file=out)
     return EXIT_OK
+
+
+def chat_sign_in(settings: Settings) -> str:
+    """How a person signs in to the chat page on this server."""
+    from serve_app.ui.dev_users import dev_sign_in_enabled
+
+    if dev_sign_in_enabled(settings):
+        return "development sign-in: pick a local user"
+    return "signed by the mesh's x-gateway-claims; set EVAL_JWT_SECRET for a local sign-in"
 
 
 def cmd_stop(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:

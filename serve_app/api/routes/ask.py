@@ -261,6 +261,11 @@ async def sse_events(
                 return
         log.error("the answer stream ended without a done event (request_id=%s)", request_id)
         yield _sse("error", envelope("internal_error", "the answer stream ended early"))
+    except (asyncio.CancelledError, GeneratorExit):
+        # The client went away (a closed tab, a stop button): the finally below closes the
+        # backend's iterator, which cancels the model call and the running tools.
+        log.info("answer stream cancelled by the client (request_id=%s)", request_id)
+        raise
     except BackendError as exc:
         log.warning("backend error mid-stream (request_id=%s): %s", request_id, exc.message)
         yield _sse("error", envelope(exc.code, exc.message, **exc.details))

@@ -180,3 +180,43 @@ def test_vendored_modules_match_the_lockfile() -> None:
         name, version = line.split()[:2]
         assert lock["packages"][f"node_modules/{name}"]["version"] == version
         assert (STATIC_DIR / "vendor" / name / "LICENSE").is_file()
+
+
+def test_serve_prints_how_to_sign_in_to_the_page(make_settings: Callable[..., Any]) -> None:
+    from serve_app.cli.serve import chat_sign_in
+
+    assert "development sign-in" in chat_sign_in(make_settings(eval_jwt_secret=SECRET))
+    assert "development sign-in" in chat_sign_in(
+        make_settings(eval_jwt_secret=None, require_auth=False)
+    )
+    production = chat_sign_in(make_settings(eval_jwt_secret=None, require_auth=True))
+    assert "x-gateway-claims" in production and "EVAL_JWT_SECRET" in production
+
+
+async def test_a_stream_the_client_closes_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """What the stop button does to the server: the SSE generator is closed mid-stream; the
+    backend's iterator is closed (cancelling the model call and tools), and it is logged."""
+    import asyncio
+    import logging
+    from collections.abc import AsyncIterator
+
+    from agent.answer import AgentEvent, TokenEvent
+    from serve_app.api.routes.ask import sse_events
+
+    closed = asyncio.Event()
+
+    async def events() -> AsyncIterator[AgentEvent]:
+        try:
+            yield TokenEvent(text="a")
+            await asyncio.sleep(30)
+            yield TokenEvent(text="b")
+        finally:
+            closed.set()
+
+    stream = sse_events(events(), "req-stop-1")
+    with caplog.at_level(logging.INFO, logger="serve_app.api.routes.ask"):
+        first = await anext(stream)
+        assert first.event == "token"
+        await stream.aclose()
+    assert closed.is_set()
+    assert "answer stream cancelled by the client (request_id=req-stop-1)" in caplog.text
