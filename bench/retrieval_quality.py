@@ -1,8 +1,10 @@
-"""Retrieval quality on labelled questions: nDCG@10, recall@k, MRR@10 of vector only, keyword
-only, hybrid (RRF) and hybrid + reranker, side by side.
+"""Retrieval quality on labelled questions over the sample docs, or on a known-item task over
+10k-100k docstring paragraphs (``--corpus text``): nDCG@10, recall@k, MRR@10 of vector only,
+keyword only, hybrid (RRF) and hybrid + reranker, side by side.
 
     python -m bench.retrieval_quality [--dataset evals/datasets/retrieval_sample.yaml]
         [--out-dir bench/out/retrieval_quality] [--database retrieval_quality] [--only ID,...]
+    python -m bench.retrieval_quality --corpus text [--sizes 10000,100000] [--queries 500]
 
 The questions and their section labels are ``evals/datasets/retrieval_sample.yaml`` (how
 they were written: its header). The sample documentation goes through the real ingestion
@@ -21,6 +23,18 @@ Prints the tables (overall, by category, the questions with no visible answer) a
 ``report.md`` (the same, then every question) and ``report.jsonl`` (every question and
 configuration with the sections returned) to ``--out-dir``. Exit 1 if any search returned a
 chunk its caller may not read; 2 for a dataset error.
+
+``--corpus text [--sizes 10000,100000] [--queries 500]``: the known-item task on the search
+benchmark's real-text corpus (``bench.text_corpus``) instead. At each size, docstring
+paragraphs of the installed packages and the standard library, ``--queries`` of them the
+source paragraphs of held-out first sentences of standard-library docstrings (the query's
+sentence and the rest of its docstring are not in the corpus); each query's one relevant
+chunk is its source paragraph (``evals.known_item``). The paragraphs are embedded by the
+configured embedder (cached in ``AGENT_SERVICE_HOME/bench-cache``) and loaded with COPY and
+the production indexes (``bench.search.load``) into a database of their own per size and
+corpus (``rq_text_<size>_<hash>``, kept for the next run); the four configurations are the
+same ``HybridRetriever`` searches over ``PgDocumentStore``. Writes ``known-item-<size>.md``
+and ``.jsonl`` to ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -28,6 +42,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
+import json
 import os
 import platform
 import sys
@@ -37,9 +53,16 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+import asyncpg
 import numpy as np
+import numpy.typing as npt
 
+from bench.search import Corpus, chunk_id, load
+from bench.text_corpus import KNOWN_ITEM_VERSION, KnownItems, build_known_items, embed_cached
 from evals.dataset import DatasetError
+from evals.known_item import KnownItem, KnownItemReport, score_known_items
+from evals.known_item import report_jsonl as known_item_jsonl
+from evals.known_item import summary_markdown as known_item_markdown
 from evals.retrieval_labels import (
     DEFAULT_QUALITY_DATASET,
     QualityDataset,
@@ -55,6 +78,7 @@ from evals.retrieval_quality import (
     summary_markdown,
 )
 from foundation.database import (
+    asyncpg_url,
     ensure_database_exists,
     migrate,
     resolve_database_url,
@@ -72,6 +96,8 @@ from serve_app.wiring import retrieval_config
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE = "retrieval_quality"
 DEFAULT_OUT_DIR = ROOT / "bench" / "out" / "retrieval_quality"
+TEXT_SEED = 20261204
+TEXT_ACL = "domain:common"  # every chunk of the text corpus, and the caller who searches it
 
 
 @dataclass(frozen=True)
@@ -80,6 +106,9 @@ class Options:
     out_dir: Path = DEFAULT_OUT_DIR
     database: str = DEFAULT_DATABASE
     only: tuple[str, ...] = ()
+    corpus: str = "sample"  # "sample": the labelled questions; "text": the known-item task
+    sizes: tuple[int, ...] = (10_000,)
+    queries: int = 500
 
 
 class QueryCache:
@@ -163,14 +192,22 @@ def context_lines(
     settings: Settings, ingest: IngestReport, counts: tuple[int, int], reranker: Reranker
 ) -> dict[str, str]:
     """The facts a reader needs to reproduce or compare a run."""
+    corpus = (
+        f"{counts[0]} pages, {counts[1]} chunks (ingest: {ingest.new} new, "
+        f"{ingest.unchanged} unchanged, {ingest.replaced} replaced, {ingest.pruned} pruned)"
+    )
+    return run_context(settings, reranker, corpus)
+
+
+def run_context(settings: Settings, reranker: Reranker, corpus: str) -> dict[str, str]:
+    """The facts every report of this command starts with."""
     noop = reranker.name == "noop"
     return {
         "date": date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}",
         "command": "python -m bench.retrieval_quality " + " ".join(sys.argv[1:]),
-        "corpus": f"{counts[0]} pages, {counts[1]} chunks (ingest: {ingest.new} new, "
-        f"{ingest.unchanged} unchanged, {ingest.replaced} replaced, {ingest.pruned} pruned)",
+        "corpus": corpus,
         "embedder": settings.embedding_model,
         "reranker": "noop: the hybrid + reranker column equals hybrid by construction "
         "(RERANKER=noop keeps the fused order)"
@@ -216,6 +253,133 @@ async def run_benchmark(
     return report
 
 
+# --- the known-item task on the real-text corpus (--corpus text) ---------------------------
+
+
+def known_item_corpus(
+    settings: Settings, embedder: Embedder, size: int, queries: int, seed: int = TEXT_SEED
+) -> tuple[KnownItems, npt.NDArray[np.float32]]:
+    """The corpus and its vectors, both cached in ``bench-cache`` (reading every docstring
+    takes minutes; embedding 100k paragraphs some twenty on 2 cores)."""
+    cache = settings.agent_service_home / "bench-cache"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    listing = cache / f"known-items-{size}-{queries}-{seed}-v{KNOWN_ITEM_VERSION}-{version}.json"
+    if listing.exists():
+        items = KnownItems(**json.loads(listing.read_text(encoding="utf-8")))
+    else:
+        started = time.perf_counter()
+        items = build_known_items(size, queries, seed)
+        print(f"corpus of {size} read in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = listing.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(items)), encoding="utf-8")
+        tmp.replace(listing)
+    vectors = embed_cached(items.texts, embedder, cache, "known-item-chunks")
+    return items, vectors
+
+
+def text_database(items: KnownItems, embedder: Embedder) -> str:
+    """The database of one size and corpus: a changed corpus or embedder gets a new one."""
+    digest = hashlib.sha256(f"{embedder.name}\0".encode())
+    for text in items.texts:
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return f"rq_text_{len(items.texts)}_{digest.hexdigest()[:10]}"
+
+
+async def open_text_store(
+    settings: Settings, items: KnownItems, vectors: npt.NDArray[np.float32], database: str
+) -> tuple[PgDocumentStore, float | None]:
+    """The store over ``database``, loaded unless it already holds the corpus; the load's
+    seconds (None: reused). Other sizes' and corpora's databases are left alone; a database
+    of this name with another chunk count (an interrupted load) is made anew."""
+    server_url = await resolve_database_url(settings)
+    admin_url = with_database(server_url, "postgres")
+    url = with_database(server_url, database)
+    conn = await asyncpg.connect(asyncpg_url(admin_url))
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
+    finally:
+        await conn.close()
+    if exists:
+        check = await asyncpg.connect(asyncpg_url(url))
+        try:
+            loaded = await check.fetchval("SELECT count(*) FROM chunks")
+        finally:
+            await check.close()
+        if loaded == len(items.texts):
+            return await connect_store(settings, url), None
+        conn = await asyncpg.connect(asyncpg_url(admin_url))
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+    await ensure_database_exists(admin_url, database)
+    await asyncio.to_thread(migrate, url, settings.resolved_embedding_dim)
+    started = time.perf_counter()
+    corpus = Corpus(vectors, [TEXT_ACL] * len(items.texts), items.texts)
+    await load(asyncpg_url(url), corpus, np.random.default_rng(0))
+    return await connect_store(settings, url), time.perf_counter() - started
+
+
+async def run_known_item(
+    settings: Settings, options: Options, *, embedder: Embedder | None = None
+) -> list[KnownItemReport]:
+    """The known-item task at every size of ``options.sizes``."""
+    queries = QueryCache(embedder or build_embedder(settings))
+    reranker = build_reranker(settings)
+    reports: list[KnownItemReport] = []
+    for size in options.sizes:
+        items, vectors = known_item_corpus(settings, queries.inner, size, options.queries)
+        database = text_database(items, queries.inner)
+        store, load_s = await open_text_store(settings, items, vectors, database)
+        known = [
+            KnownItem(f"q{i:04d}", query, chunk_id(answer))
+            for i, (query, answer) in enumerate(zip(items.queries, items.answers, strict=True))
+        ]
+        title = f"Known-item search over {size:,} docstring paragraphs"
+        report = KnownItemReport(title, settings.top_k_final, settings.top_k_rerank, [])
+        try:
+            for name, searcher in configurations(settings, store, queries, reranker).items():
+                started = time.perf_counter()
+                scores = await score_known_items(
+                    known,
+                    searcher,
+                    name,
+                    final_k=settings.top_k_final,
+                    pool=settings.top_k_rerank,
+                    acl=[TEXT_ACL],
+                )
+                report.configs.append(scores)
+                seconds = time.perf_counter() - started
+                print(f"{size}: {name}: {len(known)} queries in {seconds:.1f} s", file=sys.stderr)
+        finally:
+            await store.close()
+        loaded = "reused" if load_s is None else f"loaded in {load_s:.0f} s"
+        corpus = (
+            f"{size} chunks ({len(known)} of them the queries' answers), database {database} "
+            f"({loaded}); queries: first sentences of {len(known)} standard-library docstrings "
+            f"(seed {TEXT_SEED}), each answered by one chunk"
+        )
+        report.context.update(run_context(settings, reranker, corpus))
+        reports.append(report)
+    return reports
+
+
+def write_known_item_reports(
+    reports: Sequence[KnownItemReport], sizes: Sequence[int], out_dir: Path
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for size, report in zip(sizes, reports, strict=True):
+        markdown = out_dir / f"known-item-{size}.md"
+        jsonl = out_dir / f"known-item-{size}.jsonl"
+        markdown.write_text(known_item_markdown(report), encoding="utf-8")
+        jsonl.write_text(known_item_jsonl(report), encoding="utf-8")
+        written += [markdown, jsonl]
+    return written
+
+
 def write_reports(report: QualityReport, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown, jsonl = out_dir / "report.md", out_dir / "report.jsonl"
@@ -238,15 +402,48 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         help="the benchmark's own database on the configured server (created if needed)",
     )
     parser.add_argument("--only", action="append", default=[], help="row ids (repeatable, a,b)")
+    parser.add_argument(
+        "--corpus",
+        choices=["sample", "text"],
+        default=Options.corpus,
+        help="sample: the labelled questions over the sample documentation; text: the "
+        "known-item task over docstring paragraphs (--sizes, --queries)",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="10000",
+        help="--corpus text: corpus sizes in chunks, comma-separated (e.g. 10000,100000)",
+    )
+    parser.add_argument(
+        "--queries", type=int, default=Options.queries, help="--corpus text: queries per size"
+    )
     args = parser.parse_args(argv)
     only = tuple(i.strip() for value in args.only for i in value.split(",") if i.strip())
-    return Options(args.dataset, args.out_dir, args.database, only)
+    try:
+        sizes = tuple(int(size) for size in args.sizes.split(",") if size.strip())
+    except ValueError:
+        parser.error(f"--sizes: not a list of chunk counts: {args.sizes!r}")
+    if args.corpus == "text" and (not sizes or any(n <= args.queries for n in sizes)):
+        parser.error("--sizes: every size must hold more chunks than --queries")
+    if args.corpus == "text" and only:
+        parser.error("--only names rows of the sample dataset; not with --corpus text")
+    return Options(
+        args.dataset, args.out_dir, args.database, only, args.corpus, sizes, args.queries
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     options = parse_args(argv)
     settings = load_settings()
+    if options.corpus == "text":
+        for size in options.sizes:  # each size's tables as soon as it is done
+            one = dataclasses.replace(options, sizes=(size,))
+            known = asyncio.run(run_known_item(settings, one))
+            print(known_item_markdown(known[0]), flush=True)
+            for path in write_known_item_reports(known, one.sizes, options.out_dir):
+                print(f"wrote {path}", flush=True)
+        return 0
     try:
         report = asyncio.run(run_benchmark(settings, options))
     except DatasetError as exc:

@@ -195,6 +195,11 @@ class Corpus:
     query_vectors: npt.NDArray[np.float32] | None = None
 
 
+def chunk_id(i: int) -> str:
+    """The id ``load`` gives the corpus's ``i``-th chunk."""
+    return f"c{i:07d}"
+
+
 def draw_acl(n: int, rng: np.random.Generator) -> list[str]:
     u = rng.random(n)
     return [
@@ -258,7 +263,7 @@ async def load(url: str, corpus: Corpus, rng: np.random.Generator) -> None:
                 text = " ".join(words[rng.choice(len(words), size=40, p=ZIPF)])
             records.append(
                 (
-                    f"c{i:07d}",
+                    chunk_id(i),
                     doc_ids[i // per_doc],
                     i % per_doc,
                     text,
@@ -351,7 +356,7 @@ async def run_size(
                 }
                 sims = corpus.vectors[vis_idx] @ vec
                 top = vis_idx[np.argsort(-sims)[:10]]
-                truth = {f"c{i:07d}" for i in top}
+                truth = {chunk_id(i) for i in top}
                 recalls.append(len(got & truth) / max(1, len(truth)))
                 if qi < min(queries, 100):
                     start = time.perf_counter()

@@ -12,12 +12,16 @@ section's chunks scores as it should, below one that brings five different answe
 * recall@k: the share of the row's answering sections (grade 2) among the top k.
 * reciprocal rank: 1 / the rank of the first chunk of an answering section within k, else 0.
 * hit@k: whether any answering section is within the top k (the model saw an answer).
+
+``rank_scores`` computes all of them for one query from its final and deep lists; both the
+labelled sample questions and the known-item tasks (one relevant passage a query) use it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
@@ -62,3 +66,34 @@ def first_rank(ranked: Sequence[Key | None], relevant: Collection[Key], k: int) 
 def reciprocal_rank_at(ranked: Sequence[Key | None], relevant: Collection[Key], k: int) -> float:
     rank = first_rank(ranked, relevant, k)
     return 1.0 / rank if rank else 0.0
+
+
+@dataclass(frozen=True)
+class RankScores:
+    """One query's figures: nDCG and MRR on the deep list, recall and hit on the final one."""
+
+    ndcg: float
+    recall: float
+    reciprocal_rank: float
+    hit: bool
+    first_answer: int | None  # 1-based rank of the first answering key within the deep cut
+
+
+def rank_scores(
+    final: Sequence[Key | None],
+    deep: Sequence[Key | None],
+    grades: Mapping[Key, int],
+    answers: Collection[Key],
+    *,
+    final_k: int,
+    deep_k: int,
+) -> RankScores:
+    """nDCG@deep_k (graded) and MRR@deep_k of ``deep``, recall@final_k and hit@final_k of
+    ``final`` against the answering keys; undefined (ValueError) without an answer."""
+    return RankScores(
+        ndcg=ndcg_at(deep, grades, deep_k),
+        recall=recall_at(final, answers, final_k),
+        reciprocal_rank=reciprocal_rank_at(deep, answers, deep_k),
+        hit=first_rank(final, answers, final_k) is not None,
+        first_answer=first_rank(deep, answers, deep_k),
+    )

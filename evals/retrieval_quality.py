@@ -33,7 +33,7 @@ from evals.retrieval_labels import (
     QualityRow,
     SectionKey,
 )
-from evals.retrieval_metrics import first_rank, ndcg_at, recall_at, reciprocal_rank_at
+from evals.retrieval_metrics import rank_scores
 from foundation.acl import is_visible
 
 DEEP_K = 10  # nDCG@10 and MRR@10
@@ -158,18 +158,23 @@ def score_row(
     """The row's metrics from its two result lists (None where the row has no answer)."""
     if not row.answerable:
         return RowScore(row, tuple(final), tuple(deep), None, None, None, None, None)
-    top = [r.key for r in final]
-    ranked = [r.key for r in deep]
-    answers = row.answer_keys
+    scores = rank_scores(
+        [r.key for r in final],
+        [r.key for r in deep],
+        row.grades,
+        row.answer_keys,
+        final_k=final_k,
+        deep_k=DEEP_K,
+    )
     return RowScore(
         row,
         tuple(final),
         tuple(deep),
-        ndcg=ndcg_at(ranked, row.grades, DEEP_K),
-        recall=recall_at(top, answers, final_k),
-        reciprocal_rank=reciprocal_rank_at(ranked, answers, DEEP_K),
-        hit=first_rank(top, answers, final_k) is not None,
-        first_answer=first_rank(ranked, answers, DEEP_K),
+        ndcg=scores.ndcg,
+        recall=scores.recall,
+        reciprocal_rank=scores.reciprocal_rank,
+        hit=scores.hit,
+        first_answer=scores.first_answer,
     )
 
 
@@ -209,7 +214,7 @@ async def run_quality(
 # --- reporting ----------------------------------------------------------------------------------
 
 
-def _f(value: float | None) -> str:
+def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
@@ -217,7 +222,7 @@ def _share(part: int, whole: int) -> str:
     return f"{part}/{whole}" if whole else "-"
 
 
-def _table(
+def markdown_table(
     header: Sequence[str], rows: Sequence[Sequence[str]], text: Sequence[int] = (0,)
 ) -> list[str]:
     """A Markdown table: the columns numbered in ``text`` left-aligned, the figures right."""
@@ -227,7 +232,21 @@ def _table(
     return lines
 
 
-def metric_names(final_k: int) -> dict[str, Callable[[RowScore], float | None]]:
+class RankedScore(Protocol):
+    """One query's figures, whatever the benchmark (``RowScore``, ``known_item.ItemScore``)."""
+
+    @property
+    def ndcg(self) -> float | None: ...
+    @property
+    def recall(self) -> float | None: ...
+    @property
+    def reciprocal_rank(self) -> float | None: ...
+    @property
+    def hit(self) -> bool | None: ...
+
+
+def metric_names(final_k: int) -> dict[str, Callable[[RankedScore], float | None]]:
+    """The summary's columns, each a query's figure (None: not defined for that query)."""
     return {
         f"nDCG@{DEEP_K}": lambda s: s.ndcg,
         f"recall@{final_k}": lambda s: s.recall,
@@ -239,8 +258,8 @@ def metric_names(final_k: int) -> dict[str, Callable[[RowScore], float | None]]:
 def summary_table(report: QualityReport) -> list[str]:
     metrics = metric_names(report.final_k)
     n = len(report.configs[0].answerable()) if report.configs else 0
-    rows = [[c.name, *(_f(c.mean(m)) for m in metrics.values())] for c in report.configs]
-    return _table([f"configuration ({n} answerable questions)", *metrics], rows)
+    rows = [[c.name, *(fmt(c.mean(m)) for m in metrics.values())] for c in report.configs]
+    return markdown_table([f"configuration ({n} answerable questions)", *metrics], rows)
 
 
 def category_tables(report: QualityReport) -> list[str]:
@@ -250,8 +269,13 @@ def category_tables(report: QualityReport) -> list[str]:
     header = [f"{c} ({len(first.answerable(c))})" for c in categories]
     lines: list[str] = []
     for name, metric in list(metric_names(report.final_k).items())[:3]:
-        rows = [[c.name, *(_f(c.mean(metric, cat)) for cat in categories)] for c in report.configs]
-        lines += ["", f"**{name}** by category", "", *_table(["configuration", *header], rows)]
+        rows = [[c.name, *(fmt(c.mean(metric, cat)) for cat in categories)] for c in report.configs]
+        lines += [
+            "",
+            f"**{name}** by category",
+            "",
+            *markdown_table(["configuration", *header], rows),
+        ]
     return lines
 
 
@@ -276,7 +300,7 @@ def no_answer_row(config: ConfigScores) -> list[str]:
     return [
         config.name,
         _share(empty, len(none)),
-        f"{_f(bar)} / {_f(_median(missing))}",
+        f"{fmt(bar)} / {fmt(_median(missing))}",
         flagged,
         lowered,
         under,
@@ -292,7 +316,7 @@ def no_answer_table(report: QualityReport) -> list[str]:
         f"no-answer rows under DOC_SIMILARITY {DOC_SIMILARITY}",
         f"answerable rows under {DOC_SIMILARITY}",
     ]
-    return _table(header, [no_answer_row(c) for c in report.configs])
+    return markdown_table(header, [no_answer_row(c) for c in report.configs])
 
 
 def header_lines(report: QualityReport) -> list[str]:
@@ -368,8 +392,8 @@ def per_question_lines(report: QualityReport) -> list[str]:
                 f"`{score.row.id}`",
                 score.row.category,
                 score.row.caller.name,
-                " / ".join(_f(s.ndcg) for s in per),
-                " / ".join(_f(s.recall) for s in per),
+                " / ".join(fmt(s.ndcg) for s in per),
+                " / ".join(fmt(s.recall) for s in per),
                 " / ".join(str(s.first_answer or "-") for s in per),
                 "<br>".join(_section_label(r) for r in score.final) or "(nothing)",
             ]
@@ -378,7 +402,7 @@ def per_question_lines(report: QualityReport) -> list[str]:
         "Marks in the last column: **A** answers, r related, · no label. Metrics as in the "
         "summary; `-`: no answering section within 10.",
         "",
-        *_table(header, rows, text=(0, 1, 2, 6)),
+        *markdown_table(header, rows, text=(0, 1, 2, 6)),
     ]
 
 

@@ -94,3 +94,30 @@ def test_an_unknown_row_is_a_usage_error(
     with pytest.raises(bench.DatasetError, match="no row 'nope'"):
         bench.select(dataset, ["nope"])
     assert len(bench.select(dataset, ["multi-first-week"]).rows) == 1
+
+
+def test_the_text_corpus_options() -> None:
+    options = bench.parse_args(["--corpus", "text", "--sizes", "10000,100000"])
+    assert (options.corpus, options.sizes, options.queries) == ("text", (10_000, 100_000), 500)
+    assert bench.parse_args([]).corpus == "sample"
+    for argv in (
+        ["--corpus", "text", "--sizes", "400", "--queries", "400"],  # no room for distractors
+        ["--corpus", "text", "--sizes", "10k"],
+        ["--corpus", "text", "--only", "cooldown-config-key"],
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+
+
+def test_a_text_corpus_database_is_named_by_its_size_and_content() -> None:
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    items = bench.KnownItems(["a b", "c d", "e f"], ["q"], [1], ["json/decoder.py"])
+    name = bench.text_database(items, Named("all-MiniLM-L6-v2"))  # type: ignore[arg-type]
+    assert name.startswith("rq_text_3_") and len(name) == len("rq_text_3_") + 10
+    assert bench.text_database(items, Named("all-MiniLM-L6-v2")) == name  # type: ignore[arg-type]
+    other = bench.KnownItems(["a b", "c d", "e g"], ["q"], [1], ["json/decoder.py"])
+    assert bench.text_database(other, Named("all-MiniLM-L6-v2")) != name  # type: ignore[arg-type]
+    assert bench.text_database(items, Named("bge-small")) != name  # type: ignore[arg-type]

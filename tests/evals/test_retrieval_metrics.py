@@ -9,6 +9,7 @@ from evals.retrieval_metrics import (
     first_rank,
     gains,
     ndcg_at,
+    rank_scores,
     recall_at,
     reciprocal_rank_at,
 )
@@ -66,3 +67,19 @@ def test_undefined_without_labels() -> None:
         ndcg_at(["A"], {}, 10)
     with pytest.raises(ValueError, match="recall"):
         recall_at(["A"], set(), 5)
+
+
+def test_rank_scores_reads_the_final_and_the_deep_list() -> None:
+    # final (top 3): x, B, A -> A answers at 3; deep: the RANKED list above
+    scores = rank_scores(["x", "B", "A"], RANKED, GRADES, {"A", "C"}, final_k=3, deep_k=10)
+    assert scores.ndcg == pytest.approx(3.273706 / 4.192536, abs=1e-6)
+    assert scores.recall == 0.5  # A of A and C
+    assert scores.reciprocal_rank == 1.0  # A first in the deep list
+    assert scores.hit and scores.first_answer == 1
+    missed = rank_scores(["x"], ["x", "B"], GRADES, {"A"}, final_k=5, deep_k=10)
+    assert (missed.recall, missed.reciprocal_rank, missed.hit, missed.first_answer) == (
+        0.0,
+        0.0,
+        False,
+        None,
+    )
