@@ -39,9 +39,10 @@ _READING = re.compile(
 # "Which buildings can I see?", "List all the buildings": the caller's building list.
 _BUILDING_LIST = re.compile(r"\b(which|what|list|show|all)\b[^?.]*\bbuildings\b", re.IGNORECASE)
 # A room's planned size or place, not its live count: "how many people is it planned for",
-# "can it hold", "which floor". A live word ("now", "currently") keeps the occupancy reading.
+# "can it hold", "can room X hold", "which floor". A live word ("now", "currently") keeps the
+# occupancy reading.
 _DETAILS = re.compile(
-    r"\b(planned for|can (it )?hold|capacity|fit|seats?|how big|size|(which|what) floor)\b"
+    r"\b(planned for|can\b[^?.]{0,60}\bhold|capacity|fit|seats?|how big|size|(which|what) floor)\b"
 )
 _LIVE = re.compile(r"\b(now|currently|current|at the moment|live|today)\b")
 _HISTORY = re.compile(

@@ -196,6 +196,8 @@ async def test_a_composed_answer_streams_as_one_token_then_done(make_local_agent
     [
         ("Which floor is it on, and how many people is it planned for?", True, False),
         ("How many people can it hold?", True, False),
+        ("How many people can room room-acme-tower-cafeteria hold?", True, False),
+        ("How many people can the Cafeteria in Acme Tower hold?", True, False),
         ("How many people are in it right now?", False, True),
         ("What is its capacity and how many people are in it now?", False, True),
     ],
