@@ -555,7 +555,7 @@ function init() {
   $("ask-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = question.value.trim();
-    if (!text || state.controller) return;
+    if (!text || state.controller || !(state.session && state.session.user)) return;
     question.value = "";
     ask(text);
   });
