@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from foundation.eval_tokens import mint_eval_token
 from local_world.claims import encode_claims
 from tests.e2e.stack_helpers import AgentStack, agent_stack
 
@@ -43,6 +44,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SECRET = "ui-e2e-eval-secret-0123456789abcdef"
+NINA = (["business_staff"], ["northwind"])  # the dev sign-in's first user
 STAFF = {"x-gateway-claims": encode_claims("u-ui-staff", [("northwind", "business_staff")])}
 T = TypeVar("T")
 DESKTOP = {"width": 1280, "height": 860}
@@ -91,7 +93,8 @@ def ui_docs_url(
     from retrieval.store import PgDocumentStore
     from tests.conftest import TEST_HOME, _create_database, _drop_database, _ensure_server
 
-    docs = tmp_path_factory.mktemp("ui-docs")
+    docs = TEST_HOME / "ui-docs"  # a fixed path: the screenshots show the pages' sources
+    docs.mkdir(parents=True, exist_ok=True)
     (docs / "alert-cooldown.md").write_text(COOLDOWN_PAGE)
     (docs / "widget-calibration.md").write_text(XSS_PAGE)
     _ensure_server()
@@ -120,11 +123,14 @@ def ui_docs_url(
 
 @pytest.fixture(scope="module")
 def stack(ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+    from tests.conftest import TEST_HOME
+
     env = {
         "EVAL_JWT_SECRET": SECRET,
         "MODEL_OVERRIDE_MIN_ROLE": "business_admin",
         "ALLOWED_MODELS": "local/scripted,local/other",
         "ASK_TIMEOUT_SECONDS": "30",
+        "DOC_ROOTS": f"{TEST_HOME / 'ui-docs'}=",  # what the admin panel's run ingests
     }
     home = tmp_path_factory.mktemp("ui-home")
     with agent_stack(ui_docs_url, home, env=env) as running:
@@ -466,12 +472,16 @@ def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> Non
         "cooldown clock, so:\n\n- an alert in one room does not silence another\n"
         "- change the default under *Settings → Alerts*",
     )
-    asked = httpx.post(f"{stack.url}/ask", json={"question": title}, headers=STAFF, timeout=60)
+    nina = {"authorization": f"Bearer {mint_eval_token(SECRET, 'nina', NINA[0], NINA[1])}"}
+    asked = httpx.post(f"{stack.url}/ask", json={"question": title}, headers=nina, timeout=60)
     assert asked.status_code == 200, asked.text
     SHOTS.mkdir(parents=True, exist_ok=True)
     for scheme in ("light", "dark"):
         for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
-            ui = open_page(color_scheme=scheme, viewport=viewport)
+            ui = open_page(color_scheme=scheme, viewport=viewport, extra_http_headers={})
+            ui.page.select_option("#dev-user", "nina")
+            ui.page.click("#dev-sign-in-button")
+            ui.expect(ui.page.locator("#who")).to_contain_text("nina")
             ui.page.locator(".thread-open", has_text=title).first.click()
             ui.expect(ui.page.locator(".turn").last).to_have_attribute("data-state", "done")
             ui.page.locator(".turn a.cite").first.click()
@@ -481,6 +491,52 @@ def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> Non
             ui.page.screenshot(path=str(SHOTS / f"chat-{name}-{scheme}.png"), full_page=True)
             width = ui.page.evaluate("() => document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name}: {width}px wide"  # no sideways scroll
+
+
+def test_a_thread_continues_then_is_deleted(stack: AgentStack, open_page: Any) -> None:
+    question = "What is Harbor Warehouse? (ui thread)"
+    stack.llm.script(
+        {"text": "Harbor Warehouse is Northwind's warehouse."},
+        {"text": "It has two floors."},
+        key=question,
+    )
+    ui = open_page()
+    page = ui.page
+    ui.expect(ui.ask(question)).to_have_attribute("data-state", "done")
+    item = page.locator(".thread", has_text="(ui thread)")
+    ui.expect(item.locator(".thread-open")).to_have_attribute("aria-current", "true")
+    second = ui.ask("And how many floors?")
+    ui.expect(second).to_have_attribute("data-state", "done")
+    ui.expect(second.locator(".answer")).to_have_text("It has two floors.")
+    assert page.locator(".turn").count() == 2  # the same thread, continued
+    listed = httpx.get(f"{stack.url}/conversations", headers=STAFF, timeout=30).json()
+    (thread,) = [c for c in listed["conversations"] if c["title"] == question]
+    assert thread["turn_count"] == 2
+    delete = item.locator(".thread-delete")
+    delete.click()
+    ui.expect(delete).to_have_text("Confirm delete")
+    delete.click()
+    ui.expect(page.locator(".thread", has_text="(ui thread)")).to_have_count(0)
+    ui.expect(page.locator(".turn")).to_have_count(0)  # a new chat
+    gone = httpx.get(f"{stack.url}/conversations/{thread['id']}", headers=STAFF, timeout=30)
+    assert gone.status_code == 404
+
+
+def test_an_admin_starts_an_ingestion_run_from_the_panel(stack: AgentStack, open_page: Any) -> None:
+    """Last: the run (a Ray job over this module's two pages) goes on after the test."""
+    import re
+
+    ui = open_page(extra_http_headers={})
+    ui.page.select_option("#dev-user", "eve")
+    ui.page.click("#dev-sign-in-button")
+    ui.expect(ui.page.locator("#admin-panel")).to_be_visible()
+    ui.page.click("#ingest-start")
+    status = ui.page.locator("#ingest-status")
+    ui.expect(status).to_have_text(re.compile(r"^ingest-\w+: (pending|running|succeeded)"))
+    run_id = (status.text_content() or "").split(":")[0]
+    eve = {"authorization": f"Bearer {mint_eval_token(SECRET, 'eve', ['admin'], ['acme'])}"}
+    run = httpx.get(f"{stack.url}/ingest/{run_id}", headers=eve, timeout=30)
+    assert run.status_code == 200 and run.json()["run_id"] == run_id
 
 
 # --- the server's logs ---------------------------------------------------------------------------

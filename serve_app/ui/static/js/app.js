@@ -53,14 +53,19 @@ function formatArgs(args) {
   return text.length > 160 ? text.slice(0, 157) + "…" : text;
 }
 
+function usd(value) {
+  if (value === 0) return "$0";
+  return value < 0.0001 ? `$${value.toExponential(1)}` : `$${value.toFixed(4)}`;
+}
+
 function formatUsage(answer) {
   const usage = answer.usage || {};
   const cost = answer.cost || {};
   const parts = [`${usage.input_tokens ?? 0} in / ${usage.output_tokens ?? 0} out tokens`];
   if (cost.provider_usd !== null && cost.provider_usd !== undefined) {
-    parts.push(`$${cost.provider_usd.toFixed(6)}`);
+    parts.push(usd(cost.provider_usd));
   } else if (cost.estimated_usd !== null && cost.estimated_usd !== undefined) {
-    parts.push(`≈ $${cost.estimated_usd.toFixed(6)} (estimated)`);
+    parts.push(`≈ ${usd(cost.estimated_usd)} (estimated)`);
   } else {
     parts.push("cost unknown");
   }
@@ -173,7 +178,8 @@ class TurnView {
     this.sources.replaceChildren();
     this.order.forEach((id, i) => {
       const citation = this.citations.find((c) => c.chunk_id === id);
-      const label = [citation.source, citation.section].filter(Boolean).join(" › ");
+      const file = citation.source.split("/").pop() || citation.source;
+      const label = [file, citation.section].filter(Boolean).join(" › ");
       const button = el("button", {
         type: "button",
         class: "linkish",
