@@ -7,13 +7,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from api_helpers import ADMIN, NORTHWIND_STAFF, SECRET
 
+from foundation.roles import ROLE_WEIGHTS
 from local_world.world import build_world
 from serve_app.auth import EVAL_TOKEN_COOKIE, verify_eval_token
 from serve_app.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
@@ -167,7 +167,7 @@ async def test_without_a_secret_dev_sign_in_hands_back_the_claims(
 
 def test_dev_users_live_in_the_local_world() -> None:
     domains = {d.id for d in build_world().domains} | {"crowdvision-ops"}
-    roles = set(json.loads((Path("foundation") / "roles.json").read_text())["roles"])
+    roles = set(ROLE_WEIGHTS)
     for user in DEV_USERS:
         assert set(user.domains) <= domains and set(user.roles) <= roles
     assert {r for u in DEV_USERS for r in u.roles} == roles  # every role is shown
