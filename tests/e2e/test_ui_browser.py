@@ -460,6 +460,50 @@ def test_dev_sign_in_is_absent_when_auth_is_on(browser: Any, tmp_path: Path) -> 
             ui.close()
 
 
+def test_without_a_secret_the_dev_sign_in_sends_the_claims(browser: Any, tmp_path: Path) -> None:
+    """REQUIRE_AUTH=false and no EVAL_JWT_SECRET (in-process app): anonymous at first; the
+    dev sign-in hands the page the chosen user's claims, which it sends on every request."""
+    from agent.answer import DoneEvent, TokenEvent
+    from foundation.settings import Settings
+    from local_world.claims import parse_claims
+    from local_world.servers import run_in_thread
+    from serve_app.api.app import create_app
+    from serve_app.authz import load_authorizer
+    from tests.serve_app.api.api_helpers import FakeBackend, answer
+
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        agent_service_home=tmp_path,
+        require_auth=False,
+        eval_jwt_secret=None,
+        database_url="postgresql://nobody@127.0.0.1:1/none",
+    )
+    backend = FakeBackend(
+        stream_events=[TokenEvent(text="Hello "), DoneEvent(response=answer("Hello Carla."))]
+    )
+    with run_in_thread(create_app(backend, settings, load_authorizer())) as url:
+        ui = Page(browser, url)
+        try:
+            ui.expect(ui.page.locator("#who")).to_contain_text("Anonymous")
+            ui.page.select_option("#dev-user", "carla")
+            ui.page.click("#dev-sign-in-button")
+            ui.expect(ui.page.locator("#who")).to_contain_text("carla · standard_customer · acme")
+            with ui.page.expect_request(lambda r: r.url.endswith("/ask")) as sent:
+                turn = ui.ask("Hello? (ui header mode)")
+            ui.expect(turn).to_have_attribute("data-state", "done")
+            ui.expect(turn.locator(".answer")).to_have_text("Hello Carla.")
+            claims = parse_claims(sent.value.headers["x-gateway-claims"])
+            assert (claims.sub, claims.roles, claims.domains) == (
+                "carla",
+                ("standard_customer",),
+                ("acme",),
+            )
+            assert backend.asks[-1][0].sub == "carla"
+            assert not ui.context.cookies()  # no token: nothing to mint it with
+        finally:
+            ui.close()
+
+
 def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> None:
     """docs/ui/*.png (README): an answered, cited question opened from the thread list,
     light and dark, desktop and phone width."""
