@@ -15,12 +15,14 @@ sends).
 
 from __future__ import annotations
 
+import ipaddress
 import mimetypes
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
@@ -115,8 +117,22 @@ class DevSignIn(BaseModel):
     user: str = Field(max_length=64)
 
 
+def _from_this_machine(request: Request) -> None:
+    """The development sign-in answers loopback clients only: with ``EVAL_JWT_SECRET`` set it
+    mints any local user's token, admins' included, for whoever asks, so a service reachable
+    from elsewhere (``SERVE_HOST=0.0.0.0``, a forwarded port) must not offer it there. Anyone
+    else gets the 404 of a service without it."""
+    host = request.client.host if request.client else ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise StarletteHTTPException(404)  # the unknown route's envelope, byte for byte
+
+
 def _add_dev_routes(router: APIRouter) -> None:
-    @router.get(f"{UI_PATH}/dev/users")
+    @router.get(f"{UI_PATH}/dev/users", dependencies=[Depends(_from_this_machine)])
     async def dev_users() -> JSONResponse:
         users = [
             {"id": u.id, "label": u.label, "roles": list(u.roles), "domains": list(u.domains)}
@@ -124,7 +140,7 @@ def _add_dev_routes(router: APIRouter) -> None:
         ]
         return JSONResponse({"users": users}, headers={"cache-control": "no-store"})
 
-    @router.post(f"{UI_PATH}/dev/sign-in")
+    @router.post(f"{UI_PATH}/dev/sign-in", dependencies=[Depends(_from_this_machine)])
     async def dev_sign_in(body: DevSignIn, settings: SettingsDep) -> JSONResponse:
         chosen = dev_user(body.user)
         if chosen is None:

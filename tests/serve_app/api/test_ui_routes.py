@@ -106,6 +106,30 @@ async def test_dev_sign_in_is_absent_when_auth_is_on(fake_app: App, asgi_client:
     assert "x-gateway-claims" in session["unauthenticated_reason"]
 
 
+@pytest.mark.parametrize("client_host", ["203.0.113.5", "10.0.0.7", "::ffff:192.0.2.1"])
+async def test_dev_sign_in_answers_this_machine_only(
+    fake_app: App, asgi_client: Client, client_host: str
+) -> None:
+    """With EVAL_JWT_SECRET it mints any local user's token, an admin's too: a caller from
+    elsewhere gets exactly the 404 of a service without it, and no cookie."""
+    app, _ = fake_app(eval_jwt_secret=SECRET, require_auth=True)
+    remote = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, client=(client_host, 40000)),
+        base_url="http://testserver",
+    )
+    async with remote:
+        users = await remote.get("/ui/dev/users")
+        signed = await remote.post("/ui/dev/sign-in", json={"user": "ada"})
+    production, _ = fake_app(**PRODUCTION)
+    absent = await asgi_client(production).get("/ui/dev/users")
+    assert users.status_code == signed.status_code == 404
+    assert users.content == absent.content
+    assert signed.json()["error"]["code"] == "not_found"
+    assert EVAL_TOKEN_COOKIE not in signed.cookies
+    here = await asgi_client(app).get("/ui/dev/users")  # the test client is 127.0.0.1
+    assert here.status_code == 200
+
+
 async def test_session_says_what_the_caller_may_see(fake_app: App, asgi_client: Client) -> None:
     app, _ = fake_app(
         **PRODUCTION,
