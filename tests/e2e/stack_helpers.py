@@ -558,3 +558,27 @@ def run_load_with(
 def claims(sub: str, *memberships: tuple[str, str]) -> dict[str, str]:
     """Headers of a mesh-authenticated caller (``(domain, role)`` memberships)."""
     return claims_headers(sub, memberships)
+
+
+def chunk_id_for(database_url: str, section: str) -> str:
+    """The first chunk whose section path contains ``section``: a citation the scripted model
+    can make. Its query runs in a thread of its own (Playwright's sync API keeps a loop
+    running in the caller's)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import asyncpg
+
+    async def find() -> str:
+        conn = await asyncpg.connect(database_url)
+        try:
+            value: str = await conn.fetchval(
+                "SELECT id FROM chunks WHERE section ILIKE $1 ORDER BY ordinal LIMIT 1",
+                f"%{section}%",
+            )
+            return value
+        finally:
+            await conn.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, find()).result()

@@ -21,7 +21,14 @@ from local_world.sensor_service import create_sensor_app
 from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import build_world
-from tests.e2e.stack_helpers import claims, free_port, ray_cluster, scoped_environ, wait_ready
+from tests.e2e.stack_helpers import (
+    chunk_id_for,
+    claims,
+    free_port,
+    ray_cluster,
+    scoped_environ,
+    wait_ready,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -99,25 +106,6 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     ray.shutdown()
 
 
-def _chunk_id_for(sample_docs_url: str, needle: str) -> str:
-    import asyncio
-
-    import asyncpg
-
-    async def find() -> str:
-        conn = await asyncpg.connect(sample_docs_url)
-        try:
-            value: str = await conn.fetchval(
-                "SELECT id FROM chunks WHERE section ILIKE $1 ORDER BY ordinal LIMIT 1",
-                f"%{needle}%",
-            )
-            return value
-        finally:
-            await conn.close()
-
-    return asyncio.run(find())
-
-
 def _script_docs_answer(llm: ScriptedLLM, question: str, chunk_id: str, **final: Any) -> None:
     llm.script(
         {"tool_calls": [{"name": "search_docs", "arguments": {"query": "alert cooldown"}}]},
@@ -135,7 +123,7 @@ def test_json_ask_runs_the_tool_chain_and_validates_citations(
     stack: Stack, sample_docs_url: str
 ) -> None:
     question = "How often do alerts repeat? (json)"
-    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    chunk_id = chunk_id_for(sample_docs_url, "Cooldown: how often")
     _script_docs_answer(stack.llm, question, chunk_id)
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     resp = httpx.post(
@@ -164,7 +152,7 @@ def test_one_trace_spans_every_deployment_and_arrives_over_otlp(
     stack: Stack, sample_docs_url: str
 ) -> None:
     question = "How often do alerts repeat? (traced)"
-    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    chunk_id = chunk_id_for(sample_docs_url, "Cooldown: how often")
     _script_docs_answer(stack.llm, question, chunk_id)
     resp = httpx.post(
         f"{stack.url}/ask",
@@ -228,7 +216,7 @@ def test_sse_streams_events_in_order_and_done_matches_json(
     stack: Stack, sample_docs_url: str
 ) -> None:
     question = "How often do alerts repeat? (stream)"
-    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    chunk_id = chunk_id_for(sample_docs_url, "Cooldown: how often")
     _script_docs_answer(stack.llm, question, chunk_id, chunk_chars=4, stream_delay_ms=40)
     events = _streamed_ask(stack, question)
     kinds = [k for k, _, _ in events]
@@ -469,7 +457,7 @@ def test_eval_runner_scores_the_running_app_with_a_scripted_judge(
 
     from serve_app.cli import main
 
-    chunk_id = _chunk_id_for(sample_docs_url, "Cooldown: how often")
+    chunk_id = chunk_id_for(sample_docs_url, "Cooldown: how often")
     source = _source_of(sample_docs_url, chunk_id)
     dataset = tmp_path / "subset.yaml"
     dataset.write_text(EVAL_ROWS.replace("SOURCE", source))

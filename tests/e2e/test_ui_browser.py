@@ -26,7 +26,7 @@ import pytest
 
 from foundation.eval_tokens import mint_eval_token
 from local_world.claims import encode_claims
-from tests.e2e.stack_helpers import AgentStack, agent_stack
+from tests.e2e.stack_helpers import AgentStack, agent_stack, chunk_id_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -196,23 +196,6 @@ def open_page(browser: Any, stack: AgentStack) -> Iterator[Any]:
         page.close()
 
 
-def _chunk_id(url: str, section: str) -> str:
-    import asyncpg
-
-    async def find() -> str:
-        conn = await asyncpg.connect(url)
-        try:
-            value: str = await conn.fetchval(
-                "SELECT id FROM chunks WHERE section ILIKE $1 ORDER BY ordinal LIMIT 1",
-                f"%{section}%",
-            )
-            return value
-        finally:
-            await conn.close()
-
-    return _run(find())
-
-
 def _script_cited_answer(stack: AgentStack, question: str, text: str, **final: Any) -> None:
     stack.llm.script(
         {"tool_calls": [{"name": "search_docs", "arguments": {"query": "alert cooldown"}}]},
@@ -227,7 +210,7 @@ def _script_cited_answer(stack: AgentStack, question: str, text: str, **final: A
 def test_an_answer_streams_with_its_tool_trace_and_a_citation_opens_its_snippet(
     stack: AgentStack, ui_docs_url: str, open_page: Any
 ) -> None:
-    chunk = _chunk_id(ui_docs_url, "Cooldown: how often")
+    chunk = chunk_id_for(ui_docs_url, "Cooldown: how often")
     question = "How often do alerts repeat? (ui)"
     answer = (
         "Alerts repeat **at most once per cooldown** [^" + chunk + "]:\n\n"
@@ -331,7 +314,7 @@ def test_stop_cancels_the_stream_and_the_server_logs_it(stack: AgentStack, open_
 def test_keyboard_only_ask_source_and_feedback(
     stack: AgentStack, ui_docs_url: str, open_page: Any
 ) -> None:
-    chunk = _chunk_id(ui_docs_url, "Cooldown: how often")
+    chunk = chunk_id_for(ui_docs_url, "Cooldown: how often")
     question = "What is the default cooldown? (ui keyboard)"
     _script_cited_answer(stack, question, f"The default cooldown is 15 minutes [^{chunk}].")
     ui = open_page()
@@ -377,7 +360,7 @@ def test_keyboard_only_ask_source_and_feedback(
 def test_a_document_and_an_answer_carrying_script_execute_nothing(
     browser: Any, stack: AgentStack, ui_docs_url: str, open_page: Any
 ) -> None:
-    chunk = _chunk_id(ui_docs_url, "Calibrating the widget")
+    chunk = chunk_id_for(ui_docs_url, "Calibrating the widget")
     question = "How do I calibrate the widget? (ui xss)"
     _script_cited_answer(
         stack, question, f"Calibrate it every 30 days [^{chunk}]. {XSS_TEXT} Then restart."
@@ -507,7 +490,7 @@ def test_without_a_secret_the_dev_sign_in_sends_the_claims(browser: Any, tmp_pat
 def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> None:
     """docs/ui/*.png (README): an answered, cited question opened from the thread list,
     light and dark, desktop and phone width."""
-    chunk = _chunk_id(ui_docs_url, "Cooldown: how often")
+    chunk = chunk_id_for(ui_docs_url, "Cooldown: how often")
     title = "How long is the alert cooldown, and can each room have its own?"
     _script_cited_answer(
         stack,
