@@ -504,10 +504,13 @@ async function loadSession() {
 }
 
 async function loadDevUsers(user) {
-  const { users } = await call("GET", "/ui/dev/users");
   const select = $("dev-user");
-  select.replaceChildren(...users.map((u) => el("option", { value: u.id, text: u.label })));
-  if (user && users.some((u) => u.id === user.sub)) select.value = user.sub;
+  // Filled once: refilling it after every sign-in would reset a choice made meanwhile.
+  if (select.options.length === 0) {
+    const { users } = await call("GET", "/ui/dev/users");
+    select.replaceChildren(...users.map((u) => el("option", { value: u.id, text: u.label })));
+    if (user && users.some((u) => u.id === user.sub)) select.value = user.sub;
+  }
   $("dev-sign-in").hidden = false;
 }
 
