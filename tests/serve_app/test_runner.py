@@ -12,6 +12,7 @@ import pytest
 from foundation.settings import Settings
 from serve_app.runner import (
     LOCAL_LLM_APP,
+    SERVE_QUIET_DEFAULTS,
     RunnerError,
     deploy_config,
     ensure_ray_auth_token,
@@ -110,8 +111,6 @@ def test_the_deployed_config_adds_the_llm_app_with_the_models(
 def test_ray_runs_serve_quietly_unless_the_environment_says_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from serve_app.runner import SERVE_QUIET_DEFAULTS, ray_env
-
     for name in SERVE_QUIET_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
     env = ray_env()
