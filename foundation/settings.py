@@ -163,6 +163,13 @@ class Settings(BaseSettings):
             "keyword search on large corpora. 0: off."
         ),
     )
+    keyword_ranking: Literal["ts_rank_cd", "ts_rank"] = Field(
+        default="ts_rank_cd",  # retrieval.store.DEFAULT_KEYWORD_RANKING
+        description=(
+            "How the keyword side orders its matches: PostgreSQL's ts_rank_cd (cover "
+            "density: matched words close together) or ts_rank (how often they occur)."
+        ),
+    )
     chunk_max_tokens: int = Field(default=200, ge=16, le=8192)
 
     # --- ingestion ---

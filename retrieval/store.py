@@ -185,7 +185,18 @@ ORDER BY e.lexeme
 # How long a store trusts its list of common words before reading the statistics again.
 COMMON_WORDS_TTL_S = 300.0
 
-HYBRID_SQL = f"""
+# How the keyword side orders its matches (KEYWORD_RANKING): one of two fixed SQL functions,
+# chosen by name from this table, never formatted from a caller's text. ts_rank_cd is cover
+# density (the matched words close together); ts_rank counts how often they occur. Both
+# with normalization 32 (rank / (rank + 1)); neither has IDF.
+KeywordRanking = Literal["ts_rank_cd", "ts_rank"]
+DEFAULT_KEYWORD_RANKING: KeywordRanking = "ts_rank_cd"
+KEYWORD_RANK_FUNCTIONS: dict[str, str] = {
+    "ts_rank_cd": "ts_rank_cd(c.tsv, q.rank_q, 32)",
+    "ts_rank": "ts_rank(c.tsv, q.rank_q, 32)",
+}
+
+HYBRID_SQL_TEMPLATE = f"""
 WITH vec AS MATERIALIZED (
     SELECT c.id, c.embedding <=> $1 AS distance
     FROM chunks c
@@ -200,8 +211,8 @@ WITH vec AS MATERIALIZED (
                  tsvector_to_array(to_tsvector('english', $4)) AS words) AS w
 ), split AS (
     SELECT t, negated,
-           -- Questions are sentences: rank by ANY of their words (ts_rank_cd ranks chunks
-           -- with more of them, closer together, higher). Quoted phrases keep their <->
+           -- Questions are sentences: rank by ANY of their words (with the function of
+           -- KEYWORD_RANKING: the kw step below). Quoted phrases keep their <->
            -- operators; a query with a negation (-word) keeps websearch's AND semantics.
            CASE WHEN negated THEN t::tsquery ELSE replace(t, ' & ', ' | ')::tsquery END AS any_q,
            -- $6: the corpus's common words (PgDocumentStore.common_words)
@@ -220,7 +231,7 @@ WITH vec AS MATERIALIZED (
                 ELSE t::tsquery END AS select_q
     FROM split
 ), kw AS MATERIALIZED (
-    SELECT c.id, ts_rank_cd(c.tsv, q.rank_q, 32) AS score
+    SELECT c.id, {{rank}} AS score
     FROM chunks c, kwq q
     WHERE c.tsv @@ q.select_q AND {ACL_PREDICATE}
     ORDER BY score DESC, c.id
@@ -235,6 +246,12 @@ FULL OUTER JOIN kw_ranked k ON k.id = v.id
 JOIN chunks c ON c.id = coalesce(v.id, k.id)
 JOIN documents d ON d.id = c.document_id
 """
+# The hybrid statement for each keyword ranking (both fixed strings, built at import).
+HYBRID_SQL_BY_RANKING: dict[str, str] = {
+    name: HYBRID_SQL_TEMPLATE.replace("{rank}", function)
+    for name, function in KEYWORD_RANK_FUNCTIONS.items()
+}
+HYBRID_SQL = HYBRID_SQL_BY_RANKING[DEFAULT_KEYWORD_RANKING]
 
 
 def session_settings(ef_search: int) -> dict[str, str]:
@@ -269,10 +286,20 @@ def keyword_query_text(text: str) -> str:
 
 class PgDocumentStore:
     def __init__(
-        self, pool: asyncpg.Pool, *, keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS
+        self,
+        pool: asyncpg.Pool,
+        *,
+        keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS,
+        keyword_ranking: KeywordRanking = DEFAULT_KEYWORD_RANKING,
     ) -> None:
+        if keyword_ranking not in HYBRID_SQL_BY_RANKING:
+            raise ValueError(
+                f"keyword_ranking: {keyword_ranking!r} is not one of "
+                f"{sorted(HYBRID_SQL_BY_RANKING)}"
+            )
         self._pool = pool
         self._keyword_common_rows = keyword_common_rows
+        self._hybrid_sql = HYBRID_SQL_BY_RANKING[keyword_ranking]
         self._common_words: list[str] = []
         self._common_words_read_at = -COMMON_WORDS_TTL_S  # monotonic seconds
 
@@ -299,6 +326,7 @@ class PgDocumentStore:
         max_size: int = 10,
         ef_search: int = 200,
         keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS,
+        keyword_ranking: KeywordRanking = DEFAULT_KEYWORD_RANKING,
     ) -> PgDocumentStore:
         """Open a pool, refusing a store whose schema or dimension does not match."""
         conn = await asyncpg.connect(url)
@@ -315,7 +343,7 @@ class PgDocumentStore:
             server_settings=session_settings(ef_search),
         )
         assert pool is not None
-        store = cls(pool, keyword_common_rows=keyword_common_rows)
+        store = cls(pool, keyword_common_rows=keyword_common_rows, keyword_ranking=keyword_ranking)
         await store.common_words()
         return store
 
@@ -405,7 +433,7 @@ class PgDocumentStore:
         # PostgreSQL text cannot hold U+0000: in the query it separates words.
         query_text = keyword_query_text(query_text.replace("\x00", " "))
         rows = await self._pool.fetch(
-            HYBRID_SQL,
+            self._hybrid_sql,
             query_vector,
             held,
             k_vector,

@@ -28,6 +28,7 @@ async def connect_store(settings: Settings, url: str) -> PgDocumentStore:
         max_size=settings.db_pool_max_size,
         ef_search=settings.hnsw_ef_search,
         keyword_common_rows=settings.keyword_common_rows,
+        keyword_ranking=settings.keyword_ranking,
     )
 
 

@@ -39,6 +39,7 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("CONVERSATION_MAX_TURNS", "0"),
         ("CONVERSATION_MAX_TURNS", "lots"),
         ("HISTORY_MAX_TOKENS", "-1"),
+        ("KEYWORD_RANKING", "bm25"),
     ],
 )
 def test_bad_values_name_the_variable(
@@ -103,3 +104,8 @@ def test_history_budget_follows_the_tool_calling_mode(monkeypatch: pytest.Monkey
     assert _load(monkeypatch, TOOL_CALLING_MODE="json_schema").resolved_history_max_tokens == 256
     set_ = _load(monkeypatch, TOOL_CALLING_MODE="json_schema", HISTORY_MAX_TOKENS="0")
     assert set_.resolved_history_max_tokens == 0
+
+
+def test_keyword_ranking(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _load(monkeypatch).keyword_ranking == "ts_rank_cd"
+    assert _load(monkeypatch, KEYWORD_RANKING="ts_rank").keyword_ranking == "ts_rank"

@@ -299,3 +299,51 @@ async def test_common_words_rank_but_do_not_select_keyword_candidates(db_url: st
     finally:
         await store.close()
         await off.close()
+
+
+async def test_keyword_ranking_ts_rank_orders_by_the_chosen_function(db_url: str) -> None:
+    """KEYWORD_RANKING picks one of two fixed statements: the keyword list is ordered by
+    ts_rank_cd (the default) or ts_rank over the same query, exactly as PostgreSQL ranks it."""
+    vec = np.zeros(384, dtype=np.float32)
+    vec[0] = 1.0
+    texts = {
+        "three-words": "the eval token signs a jwt with the shared secret",
+        "use-twice": "use the panel, then use the export",
+        "use-far": "use " + "filler " * 30 + "secret",
+        "jwt-twice": "jwt jwt rotation",
+        "none": "humidity threshold",
+    }
+    chunks = [
+        ChunkRecord(cid, i, text, "", "prose", 4, vec)
+        for i, (cid, text) in enumerate(texts.items())
+    ]
+    cd = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=1)
+    plain = await PgDocumentStore.connect(
+        db_url, embedding_dim=384, max_size=1, keyword_ranking="ts_rank"
+    )
+    try:
+        await cd.write_document(DocumentRecord("kw.md", None, "h", "f", ["domain:all"], chunks))
+        query = "What is EVAL_JWT_SECRET used for?"
+        expected = {}
+        for function in ("ts_rank_cd", "ts_rank"):  # the statement's any-word query, by hand
+            rows = await cd.pool.fetch(
+                f"""SELECT c.id FROM chunks c,
+                     (SELECT replace(websearch_to_tsquery('english', $1)::text, ' & ', ' | ')
+                         ::tsquery AS q) AS w
+                   WHERE c.tsv @@ w.q ORDER BY {function}(c.tsv, w.q, 32) DESC, c.id""",
+                query,
+            )
+            expected[function] = [r["id"] for r in rows]
+        assert await _keyword_hits(cd, query, vec) == expected["ts_rank_cd"]
+        assert await _keyword_hits(plain, query, vec) == expected["ts_rank"]
+        assert "none" not in expected["ts_rank"]
+        assert expected["ts_rank"] != expected["ts_rank_cd"]  # the data tell them apart
+    finally:
+        await cd.close()
+        await plain.close()
+
+
+def test_an_unknown_keyword_ranking_is_refused() -> None:
+    """The statement is chosen from a fixed table, never formatted from the name."""
+    with pytest.raises(ValueError, match="keyword_ranking"):
+        PgDocumentStore(None, keyword_ranking="ts_rank_cd(c.tsv, q, 1); DROP TABLE chunks")  # type: ignore[arg-type]
