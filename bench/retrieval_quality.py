@@ -5,6 +5,7 @@ keyword only, hybrid (RRF) and hybrid + reranker, side by side.
     python -m bench.retrieval_quality [--dataset evals/datasets/retrieval_sample.yaml]
         [--out-dir bench/out/retrieval_quality] [--database retrieval_quality] [--only ID,...]
     python -m bench.retrieval_quality --corpus text [--sizes 10000,100000] [--queries 500]
+    ... [--split train|heldout]
 
 The questions and their section labels are ``evals/datasets/retrieval_sample.yaml`` (how
 they were written: its header). The sample documentation goes through the real ingestion
@@ -35,6 +36,11 @@ the production indexes (``bench.search.load``) into a database of their own per 
 corpus (``rq_text_<size>_<hash>``, kept for the next run); the four configurations are the
 same ``HybridRetriever`` searches over ``PgDocumentStore``. Writes ``known-item-<size>.md``
 and ``.jsonl`` to ``--out-dir``.
+
+``--split train|heldout``: only the questions (or known-item queries) on that side of the
+split that item 4 of issue 16 tunes the search settings on (``evals.splits``: a stable hash
+of a question's id, of a known-item query's text; ~60% train). The corpus is the same.
+``bench.retrieval_sweep`` sweeps the settings on the training side.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ from evals.retrieval_quality import (
     score_config,
     summary_markdown,
 )
+from evals.splits import SPLITS, Split, select_split
 from foundation.database import (
     asyncpg_url,
     ensure_database_exists,
@@ -109,6 +116,7 @@ class Options:
     corpus: str = "sample"  # "sample": the labelled questions; "text": the known-item task
     sizes: tuple[int, ...] = (10_000,)
     queries: int = 500
+    split: Split | None = None  # only one side of evals.splits (None: every row)
 
 
 class QueryCache:
@@ -215,13 +223,21 @@ def run_context(settings: Settings, reranker: Reranker, corpus: str) -> dict[str
         else f"{reranker.name} (RERANKER={settings.reranker})",
         "depths": f"TOP_K_VECTOR {settings.top_k_vector}, TOP_K_KEYWORD "
         f"{settings.top_k_keyword}, TOP_K_RERANK {settings.top_k_rerank}, TOP_K_FINAL "
-        f"{settings.top_k_final}, RRF_K {settings.rrf_k}, KEYWORD_COMMON_ROWS "
-        f"{settings.keyword_common_rows}, CHUNK_MAX_TOKENS {settings.chunk_max_tokens}",
+        f"{settings.top_k_final}, RRF_K {settings.rrf_k}, RRF_KEYWORD_WEIGHT "
+        f"{settings.rrf_keyword_weight}, KEYWORD_RANKING {settings.keyword_ranking}, "
+        f"KEYWORD_COMMON_ROWS {settings.keyword_common_rows}, CHUNK_MAX_TOKENS "
+        f"{settings.chunk_max_tokens}",
     }
 
 
-def select(dataset: QualityDataset, only: Sequence[str]) -> QualityDataset:
-    """The rows named by ``only`` (all when empty); an unknown id is an error."""
+def select(
+    dataset: QualityDataset, only: Sequence[str], split: Split | None = None
+) -> QualityDataset:
+    """The rows named by ``only`` (all when empty) on ``split``'s side (both when None); an
+    unknown id is an error."""
+    if split is not None:
+        rows = tuple(select_split(dataset.rows, lambda row: row.id, split))
+        dataset = dataclasses.replace(dataset, rows=rows)
     if not only:
         return dataset
     known = {row.id for row in dataset.rows}
@@ -236,7 +252,9 @@ async def run_benchmark(
     settings: Settings, options: Options, *, embedder: Embedder | None = None
 ) -> QualityReport:
     """Ingest if needed, then every question through every configuration."""
-    dataset = select(load_quality_dataset(options.dataset, repo_root=ROOT), options.only)
+    dataset = select(
+        load_quality_dataset(options.dataset, repo_root=ROOT), options.only, options.split
+    )
     queries = QueryCache(embedder or build_embedder(settings))
     reranker = build_reranker(settings)
     store, ingest = await open_sample_store(settings, options.database, queries.inner)
@@ -248,9 +266,16 @@ async def run_benchmark(
             seconds = time.perf_counter() - started
             print(f"{name}: {len(dataset.rows)} questions in {seconds:.1f} s", file=sys.stderr)
         report.context.update(context_lines(settings, ingest, await store.counts(), reranker))
+        report.context["questions"] = split_line(options.split, len(dataset.rows))
     finally:
         await store.close()
     return report
+
+
+def split_line(split: Split | None, rows: int) -> str:
+    if split is None:
+        return f"all {rows} (both sides of evals.splits)"
+    return f"the {split} side of evals.splits only ({rows}; --split {split})"
 
 
 # --- the known-item task on the real-text corpus (--corpus text) ---------------------------
@@ -333,10 +358,14 @@ async def run_known_item(
         items, vectors = known_item_corpus(settings, queries.inner, size, options.queries)
         database = text_database(items, queries.inner)
         store, load_s = await open_text_store(settings, items, vectors, database)
-        known = [
-            KnownItem(f"q{i:04d}", query, chunk_id(answer))
-            for i, (query, answer) in enumerate(zip(items.queries, items.answers, strict=True))
-        ]
+        known = select_split(
+            [
+                KnownItem(f"q{i:04d}", query, chunk_id(answer))
+                for i, (query, answer) in enumerate(zip(items.queries, items.answers, strict=True))
+            ],
+            lambda item: item.query,
+            options.split,
+        )
         title = f"Known-item search over {size:,} docstring paragraphs"
         report = KnownItemReport(title, settings.top_k_final, settings.top_k_rerank, [])
         try:
@@ -362,6 +391,7 @@ async def run_known_item(
             f"(seed {TEXT_SEED}), each answered by one chunk"
         )
         report.context.update(run_context(settings, reranker, corpus))
+        report.context["queries"] = split_line(options.split, len(known))
         reports.append(report)
     return reports
 
@@ -417,6 +447,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--queries", type=int, default=Options.queries, help="--corpus text: queries per size"
     )
+    parser.add_argument(
+        "--split",
+        choices=SPLITS,
+        default=None,
+        help="only the questions on this side of the train/held-out split (evals.splits)",
+    )
     args = parser.parse_args(argv)
     only = tuple(i.strip() for value in args.only for i in value.split(",") if i.strip())
     try:
@@ -428,7 +464,14 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     if args.corpus == "text" and only:
         parser.error("--only names rows of the sample dataset; not with --corpus text")
     return Options(
-        args.dataset, args.out_dir, args.database, only, args.corpus, sizes, args.queries
+        args.dataset,
+        args.out_dir,
+        args.database,
+        only,
+        args.corpus,
+        sizes,
+        args.queries,
+        args.split,
     )
 
 

@@ -121,3 +121,15 @@ def test_a_text_corpus_database_is_named_by_its_size_and_content() -> None:
     other = bench.KnownItems(["a b", "c d", "e g"], ["q"], [1], ["json/decoder.py"])
     assert bench.text_database(other, Named("all-MiniLM-L6-v2")) != name  # type: ignore[arg-type]
     assert bench.text_database(items, Named("bge-small")) != name  # type: ignore[arg-type]
+
+
+def test_split_keeps_one_side_of_the_questions() -> None:
+    assert bench.parse_args([]).split is None
+    assert bench.parse_args(["--split", "heldout"]).split == "heldout"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--split", "test"])
+    dataset = bench.load_quality_dataset(bench.Options().dataset, repo_root=bench.ROOT)
+    train = bench.select(dataset, [], "train").rows
+    heldout = bench.select(dataset, [], "heldout").rows
+    assert len(train) + len(heldout) == len(dataset.rows)
+    assert not {r.id for r in train} & {r.id for r in heldout}
