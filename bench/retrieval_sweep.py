@@ -28,7 +28,9 @@ over the benchmarks, of their training nDCG@10 (a sample-docs point's chunk size
 counterpart in the known-item corpora, which are paragraphs, not chunked documents: their
 figure is that of the same other settings), among the points whose exact-token questions
 (training side) lose at most ``EXACT_TOKEN_SLACK`` against today's defaults; within
-``TIE`` of the best, the one that changes the fewest settings. Writes ``sweep.jsonl`` (every
+``TIE`` of the best, the one that changes the fewest settings; a point of another chunk
+size only if it beats the best point at today's by ``CHUNK_MARGIN`` (every store would
+have to be ingested again). Writes ``sweep.jsonl`` (every
 point) and ``sweep.md`` (the choice, the best points, each setting's best value) to
 ``--out-dir``, and prints the environment that selects the chosen point.
 """
@@ -82,6 +84,7 @@ from retrieval.store import (
 DEFAULT_OUT_DIR = ROOT / "bench" / "out" / "retrieval_sweep"
 EXACT_TOKEN_SLACK = 0.02  # the most a chosen point may lose on training exact-token nDCG@10
 TIE = 0.002  # points this close to the best count as tied: the fewest changes wins
+CHUNK_MARGIN = 0.01  # another CHUNK_MAX_TOKENS (a re-ingest of every store) must gain this
 SAMPLE = "sample (train)"
 
 
@@ -448,9 +451,17 @@ def choose(results: Sequence[Scored], defaults: Point) -> tuple[Choice, Choice, 
     today = next(c for c in choices if c.point == defaults)
     floor = (today.exact_token or 0.0) - EXACT_TOKEN_SLACK
     allowed = [c for c in choices if (c.exact_token or 0.0) >= floor]
-    best = allowed[0].objective
-    tied = [c for c in allowed if c.objective >= best - TIE]
-    chosen = min(tied, key=lambda c: (len(c.point.changes(defaults)), -c.objective))
+
+    def pick(among: list[Choice]) -> Choice:
+        tied = [c for c in among if c.objective >= among[0].objective - TIE]
+        return min(tied, key=lambda c: (len(c.point.changes(defaults)), -c.objective))
+
+    chosen = pick(allowed)
+    if chosen.point.chunk_max_tokens != defaults.chunk_max_tokens:
+        # Another chunk size means re-ingesting every store: it has to earn that.
+        same = [c for c in allowed if c.point.chunk_max_tokens == defaults.chunk_max_tokens]
+        if same and chosen.objective - same[0].objective < CHUNK_MARGIN:
+            chosen = pick(same)
     return chosen, today, choices
 
 
@@ -472,7 +483,8 @@ def report_markdown(
         f"RRF_KEYWORD_WEIGHT {list(grid.weights)}: {len(choices)} points",
         f"- objective: mean hybrid nDCG@10 over {', '.join(benchmarks)}; exact-token "
         f"nDCG@10 (sample, train) at least today's minus {EXACT_TOKEN_SLACK}; within {TIE} "
-        "of the best, the fewest changed settings",
+        f"of the best, the fewest changed settings; another CHUNK_MAX_TOKENS only if it "
+        f"gains {CHUNK_MARGIN} over the best at today's (it means re-ingesting every store)",
         "",
     ]
     header = ["point", "objective", *benchmarks, "exact-token (sample train)", "floor"]

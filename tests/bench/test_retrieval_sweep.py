@@ -87,3 +87,13 @@ def dataclass_no_chunk(point: sweep.Point) -> sweep.Point:
     import dataclasses
 
     return dataclasses.replace(point, chunk_max_tokens=0)
+
+
+def test_another_chunk_size_has_to_earn_a_re_ingest() -> None:
+    today = sweep.Point(200, "ts_rank_cd", 1000, 40, 40, 60, 1.0)
+    rechunked = sweep.Point(300, "ts_rank_cd", 1000, 40, 40, 60, 1.0)
+    tuned = sweep.Point(200, "ts_rank_cd", 1000, 40, 40, 10, 1.0)
+    results = [_scored(today, 0.60, 0.8), _scored(rechunked, 0.655, 0.8), _scored(tuned, 0.65, 0.8)]
+    assert sweep.choose(results, today)[0].point == tuned  # +0.005: not worth a re-ingest
+    results[1] = _scored(rechunked, 0.67, 0.8)
+    assert sweep.choose(results, today)[0].point == rechunked
