@@ -193,6 +193,15 @@ class Settings(BaseSettings):
             "used). 0: always Ray."
         ),
     )
+    ingest_defer_vector_index: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description=(
+            "Drop the HNSW vector index while a run writes and build it again at the end, "
+            "several times cheaper than inserting into it. 'auto': when the run embeds at "
+            "least 2,000 chunks and at least a quarter as many as the store holds. Searches "
+            "meanwhile are exact scans: the same results, slower."
+        ),
+    )
     ingest_object_store_mb: int = Field(
         default=200,
         ge=75,  # Ray's own minimum

@@ -40,6 +40,7 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("CONVERSATION_MAX_TURNS", "lots"),
         ("HISTORY_MAX_TOKENS", "-1"),
         ("KEYWORD_RANKING", "bm25"),
+        ("INGEST_DEFER_VECTOR_INDEX", "sometimes"),
     ],
 )
 def test_bad_values_name_the_variable(

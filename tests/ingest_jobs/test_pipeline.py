@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestFailed, IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
-from retrieval.store import DocumentRecord, PgDocumentStore
+from retrieval.store import VECTOR_INDEX, DocumentRecord, PgDocumentStore, WriteOutcome
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 
 pytestmark = pytest.mark.integration
@@ -276,10 +277,10 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
 ) -> None:
     root = write_corpus(tmp_path / "docs")
     settings = Settings(agent_service_home=tmp_path / "home")
-    options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=4)
+    options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=1)
     store = await _store(db_url)
     try:
-        failing: Any = FailingEmbedder(minilm, fail_on=3)
+        failing: Any = FailingEmbedder(minilm, fail_on=2)
         with pytest.raises(IngestFailed) as caught:
             await run_ingest(store, settings, options, embedder=failing)
         failed = caught.value
@@ -302,18 +303,28 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
 
 class EditingEmbedder:
     """The real embedder; its first batch edits a page the run has hashed but not yet read
-    again (an editor saving a file while ingestion runs)."""
+    again (an editor saving a file while ingestion runs): one with no line in that batch."""
 
-    def __init__(self, inner: SentenceTransformerEmbedder, page: Path) -> None:
-        self.inner, self.page, self.edited = inner, page, False
+    def __init__(self, inner: SentenceTransformerEmbedder, pages: list[Path]) -> None:
+        self.inner, self.pages = inner, pages
+        self.page: Path | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def encode(self, texts: list[str]) -> Any:
-        if not self.edited:
+        if self.page is None:
+            seen = "\n".join(texts)
+            self.page = next(
+                page
+                for page in self.pages
+                if not any(
+                    line in seen
+                    for line in page.read_text(encoding="utf-8").splitlines()
+                    if len(line) > 20
+                )
+            )
             self.page.write_text("# Edited\n\nSaved while the run was going.\n", encoding="utf-8")
-            self.edited = True
         return self.inner.encode(texts)
 
 
@@ -324,13 +335,16 @@ async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
     it: a page whose bytes changed since they were hashed fails the run by name, rather than
     storing the new text under the old fingerprint (a re-run would then skip it forever)."""
     root = write_corpus(tmp_path / "docs")
-    last = sorted(p for p in root.rglob("*") if p.suffix in {".md", ".markdown", ".qd"})[-1]
+    pages = sorted(p for p in root.rglob("*") if p.suffix in {".md", ".markdown", ".qd"})
+    editing = EditingEmbedder(minilm, pages)
     settings = Settings(agent_service_home=tmp_path / "home")
     options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=1)
     store = await _store(db_url)
     try:
         with pytest.raises(IngestFailed) as caught:
-            await run_ingest(store, settings, options, embedder=EditingEmbedder(minilm, last))
+            await run_ingest(store, settings, options, embedder=editing)
+        assert editing.page is not None
+        last = editing.page
         assert f"SourceChanged: {last.as_posix()} changed while it was being ingested" in str(
             caught.value
         )
@@ -340,5 +354,76 @@ async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
         assert (await store.counts())[0] == len(PAGES)
         again = await run_ingest(store, settings, options, embedder=minilm)
         assert (again.new, again.unchanged) == (0, len(PAGES))  # stored under its new hash
+    finally:
+        await store.close()
+
+
+class IndexWatchingStore(PgDocumentStore):
+    """The real store, noting at every write whether the HNSW index exists."""
+
+    index_at_writes: list[bool]
+
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]:
+        self.index_at_writes = [*getattr(self, "index_at_writes", []), await _has_index(self)]
+        return await super().write_documents(docs)
+
+
+async def _has_index(store: PgDocumentStore) -> bool:
+    return bool(await store.pool.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX))
+
+
+async def _watching_store(url: str) -> IndexWatchingStore:
+    return await IndexWatchingStore.connect(url, embedding_dim=384, max_size=4)
+
+
+async def _run(
+    store: Any, root: Path, embedder: Any, defer: str, home: Path, *, batch_size: int = 32
+) -> IngestReport:
+    settings = Settings(agent_service_home=home, ingest_defer_vector_index=defer)
+    options = IngestOptions(
+        roots=[(root, [])], executor="local", max_tokens=120, batch_size=batch_size
+    )
+    return await run_ingest(store, settings, options, embedder=embedder)
+
+
+async def test_a_bulk_load_writes_without_the_vector_index_and_builds_it_after(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _watching_store(db_url)
+    try:
+        await _run(store, root, minilm, "always", tmp_path / "home")
+        assert store.index_at_writes and not any(store.index_at_writes)
+        assert await _has_index(store)
+        definition = await store.pool.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = $1", VECTOR_INDEX
+        )
+        assert "hnsw (embedding vector_cosine_ops)" in definition and "m='16'" in definition
+        bulk = await snapshot(db_url)
+        await store.pool.execute("DELETE FROM documents")
+        store.index_at_writes = []
+        await _run(store, root, minilm, "never", tmp_path / "home")
+        assert store.index_at_writes and all(store.index_at_writes)
+    finally:
+        await store.close()
+    assert_same_store(bulk, await snapshot(db_url))
+
+
+async def test_a_failed_bulk_load_still_builds_the_index_and_a_killed_one_is_mended_next_run(
+    db_url: str, tmp_path: Path, minilm: SentenceTransformerEmbedder
+) -> None:
+    root = write_corpus(tmp_path / "docs")
+    store = await _store(db_url)
+    try:
+        failing: Any = FailingEmbedder(minilm, fail_on=2)
+        with pytest.raises(IngestFailed):
+            await _run(store, root, failing, "always", tmp_path / "home", batch_size=1)
+        assert await _has_index(store)
+        await store.drop_vector_index()  # as a kill -9 between the drop and the build leaves it
+        report = await _run(store, root, minilm, "never", tmp_path / "home")
+        assert report.new > 0 and await _has_index(store)
+        await store.drop_vector_index()
+        report = await _run(store, root, minilm, "never", tmp_path / "home")
+        assert report.new == 0 and await _has_index(store)  # nothing to embed: built all the same
     finally:
         await store.close()

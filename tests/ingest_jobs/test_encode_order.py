@@ -1,0 +1,100 @@
+"""What the in-process executor hands the embedder, and when a run drops the vector index
+(``ingest_jobs.pipeline``): in-process fakes, no database."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from foundation.settings import Settings
+from ingest_jobs.pipeline import (
+    DEFER_INDEX_MIN_CHUNKS,
+    ENCODE_WINDOW_BATCHES,
+    IngestOptions,
+    defer_vector_index,
+    run_ingest,
+)
+from retrieval.store import DocumentRecord, StoredDocument, WriteOutcome
+
+
+class RecordingEmbedder:
+    """Zero vectors; remembers the texts of every ``encode`` call."""
+
+    name = "recording"
+    dim = 384
+    max_tokens = 256
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def count_tokens(self, text: str) -> int:
+        return max(1, len(text.split()))
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:  # type: ignore[type-arg]
+        self.calls.append(list(texts))
+        return np.zeros((len(texts), self.dim), dtype=np.float32)
+
+    async def aencode(self, texts: Sequence[str]) -> np.ndarray:  # type: ignore[type-arg]
+        return self.encode(texts)
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    async def documents(self) -> dict[str, StoredDocument]:
+        return {}
+
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]:
+        self.written.extend(doc.source for doc in docs)
+        return ["new"] * len(docs)
+
+    async def delete_sources(self, sources: object) -> int:
+        return 0
+
+
+async def test_documents_are_embedded_shortest_first_in_windows_of_several_batches(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(7)
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i in range(60):  # one short paragraph each: one chunk per page
+        words = " ".join(f"word{rng.randrange(1000)}" for _ in range(rng.randrange(3, 40)))
+        (root / f"page{i:02d}.md").write_text(words + "\n", encoding="utf-8")
+    embedder, store = RecordingEmbedder(), MemoryStore()
+    settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
+    options = IngestOptions(roots=[(root, [])], executor="local", batch_size=4, max_tokens=120)
+
+    report = await run_ingest(store, settings, options, embedder=embedder)  # type: ignore[arg-type]
+
+    assert report.new == 60
+    assert sorted(Path(source).name for source in store.written) == [
+        f"page{i:02d}.md" for i in range(60)
+    ]
+    window = 4 * ENCODE_WINDOW_BATCHES
+    assert [len(call) for call in embedder.calls] == [window] * (60 // window) + [60 % window]
+    lengths = [len(text) for call in embedder.calls for text in call]
+    assert lengths == sorted(lengths)  # one chunk a page: the whole run is in length order
+
+
+@pytest.mark.parametrize(
+    ("setting", "new", "stored", "deferred"),
+    [
+        ("auto", DEFER_INDEX_MIN_CHUNKS, 0, True),  # a first ingest of a large corpus
+        ("auto", DEFER_INDEX_MIN_CHUNKS - 1, 0, False),  # small: insert, keep the index
+        ("auto", 25_000, 100_000, True),  # a quarter of the store
+        ("auto", 24_999, 100_000, False),
+        ("always", 1, 10**6, True),
+        ("never", 10**6, 0, False),
+    ],
+)
+def test_when_a_run_drops_the_vector_index(
+    setting: str, new: int, stored: int, deferred: bool, tmp_path: Path
+) -> None:
+    settings = Settings(agent_service_home=tmp_path, ingest_defer_vector_index=setting)
+    assert defer_vector_index(settings, new, stored) is deferred
