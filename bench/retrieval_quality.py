@@ -386,7 +386,7 @@ async def run_known_item(
             await store.close()
         loaded = "reused" if load_s is None else f"loaded in {load_s:.0f} s"
         corpus = (
-            f"{size} chunks ({len(known)} of them the queries' answers), database {database} "
+            f"{size} chunks ({len(items.answers)} of them the task's answers), database {database} "
             f"({loaded}); queries: first sentences of {len(known)} standard-library docstrings "
             f"(seed {TEXT_SEED}), each answered by one chunk"
         )

@@ -143,10 +143,10 @@ class Settings(BaseSettings):
 
     # --- retrieval ---
     top_k_vector: int = Field(default=40, ge=1, le=1000)
-    top_k_keyword: int = Field(default=40, ge=1, le=1000)
+    top_k_keyword: int = Field(default=80, ge=1, le=1000)  # bench/RESULTS.md, issue 16 item 4
     top_k_rerank: int = Field(default=20, ge=1, le=1000)
     top_k_final: int = Field(default=5, ge=1, le=50)
-    rrf_k: int = Field(default=60, ge=1, le=10_000)
+    rrf_k: int = Field(default=10, ge=1, le=10_000)  # bench/RESULTS.md, issue 16 item 4
     rrf_keyword_weight: float = Field(
         default=1.0,
         ge=0.0,
@@ -155,7 +155,7 @@ class Settings(BaseSettings):
     )
     hnsw_ef_search: int = Field(default=200, ge=1, le=1000)
     keyword_common_rows: int = Field(
-        default=1000,  # retrieval.store.DEFAULT_KEYWORD_COMMON_ROWS
+        default=300,  # retrieval.store.DEFAULT_KEYWORD_COMMON_ROWS
         ge=0,
         description=(
             "A query word found in more chunks than this (by the planner's statistics) does "
@@ -164,7 +164,7 @@ class Settings(BaseSettings):
         ),
     )
     keyword_ranking: Literal["ts_rank_cd", "ts_rank"] = Field(
-        default="ts_rank_cd",  # retrieval.store.DEFAULT_KEYWORD_RANKING
+        default="ts_rank",  # retrieval.store.DEFAULT_KEYWORD_RANKING
         description=(
             "How the keyword side orders its matches: PostgreSQL's ts_rank_cd (cover "
             "density: matched words close together) or ts_rank (how often they occur)."

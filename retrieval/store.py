@@ -187,7 +187,7 @@ def held_entries(acl: Sequence[str]) -> list[str]:
 VISIBLE_CHUNKS_SQL = f"SELECT c.id FROM chunks c WHERE c.id = ANY($1::text[]) AND {ACL_PREDICATE}"
 # A query word in more chunks than this does not select keyword candidates by itself (it
 # still counts in the rank): bounds the keyword side's work (bench/search.py, real text).
-DEFAULT_KEYWORD_COMMON_ROWS = 1000
+DEFAULT_KEYWORD_COMMON_ROWS = 300  # tuned on data: bench/RESULTS.md, issue 16 item 4
 
 # Words found in more than $1 chunks, from the planner's statistics of chunks.tsv (kept by
 # ANALYZE and autovacuum; none on a small or never-analyzed table).
@@ -210,7 +210,7 @@ COMMON_WORDS_TTL_S = 300.0
 # density (the matched words close together); ts_rank counts how often they occur. Both
 # with normalization 32 (rank / (rank + 1)); neither has IDF.
 KeywordRanking = Literal["ts_rank_cd", "ts_rank"]
-DEFAULT_KEYWORD_RANKING: KeywordRanking = "ts_rank_cd"
+DEFAULT_KEYWORD_RANKING: KeywordRanking = "ts_rank"  # tuned: issue 16 item 4
 KEYWORD_RANK_FUNCTIONS: dict[str, str] = {
     "ts_rank_cd": "ts_rank_cd(c.tsv, q.rank_q, 32)",
     "ts_rank": "ts_rank(c.tsv, q.rank_q, 32)",
@@ -319,7 +319,7 @@ class PgDocumentStore:
             )
         self._pool = pool
         self._keyword_common_rows = keyword_common_rows
-        self._hybrid_sql = HYBRID_SQL_BY_RANKING[keyword_ranking]
+        self._keyword_ranking = keyword_ranking
         self._common_words: list[str] = []
         self._common_words_read_at = -COMMON_WORDS_TTL_S  # monotonic seconds
 
@@ -453,7 +453,7 @@ class PgDocumentStore:
         # PostgreSQL text cannot hold U+0000: in the query it separates words.
         query_text = keyword_query_text(query_text.replace("\x00", " "))
         rows = await self._pool.fetch(
-            self._hybrid_sql,
+            HYBRID_SQL_BY_RANKING[self._keyword_ranking],
             query_vector,
             held,
             k_vector,

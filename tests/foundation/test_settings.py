@@ -14,7 +14,7 @@ def _load(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
 def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     s = _load(monkeypatch)
     assert s.resolved_embedding_dim == 384
-    assert s.rrf_k == 60
+    assert s.rrf_k == 10
     assert s.reranker == "noop"
     assert s.database_url is None
     assert s.agent_service_home.name == ".agent-service"
@@ -108,5 +108,5 @@ def test_history_budget_follows_the_tool_calling_mode(monkeypatch: pytest.Monkey
 
 
 def test_keyword_ranking(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _load(monkeypatch).keyword_ranking == "ts_rank_cd"
-    assert _load(monkeypatch, KEYWORD_RANKING="ts_rank").keyword_ranking == "ts_rank"
+    assert _load(monkeypatch).keyword_ranking == "ts_rank"
+    assert _load(monkeypatch, KEYWORD_RANKING="ts_rank_cd").keyword_ranking == "ts_rank_cd"

@@ -204,7 +204,7 @@ async def test_planner_settings_survive_connection_reuse(db_url: str) -> None:
 
 async def test_keyword_side_matches_any_word_of_a_question(retriever: HybridRetriever) -> None:
     """websearch_to_tsquery ANDs every word; a question rarely has all of its words in one
-    chunk, so the keyword side ORs them and lets ts_rank_cd order by how many match."""
+    chunk, so the keyword side ORs them and lets the ranking (KEYWORD_RANKING) order them."""
     hits = await _search(
         retriever, "How long is the alert cooldown and how do I change it?", "std_acme"
     )
@@ -303,7 +303,7 @@ async def test_common_words_rank_but_do_not_select_keyword_candidates(db_url: st
 
 async def test_keyword_ranking_ts_rank_orders_by_the_chosen_function(db_url: str) -> None:
     """KEYWORD_RANKING picks one of two fixed statements: the keyword list is ordered by
-    ts_rank_cd (the default) or ts_rank over the same query, exactly as PostgreSQL ranks it."""
+    ts_rank (the default) or ts_rank_cd over the same query, exactly as PostgreSQL ranks it."""
     vec = np.zeros(384, dtype=np.float32)
     vec[0] = 1.0
     texts = {
@@ -317,10 +317,10 @@ async def test_keyword_ranking_ts_rank_orders_by_the_chosen_function(db_url: str
         ChunkRecord(cid, i, text, "", "prose", 4, vec)
         for i, (cid, text) in enumerate(texts.items())
     ]
-    cd = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=1)
-    plain = await PgDocumentStore.connect(
-        db_url, embedding_dim=384, max_size=1, keyword_ranking="ts_rank"
+    cd = await PgDocumentStore.connect(
+        db_url, embedding_dim=384, max_size=1, keyword_ranking="ts_rank_cd"
     )
+    plain = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=1)
     try:
         await cd.write_document(DocumentRecord("kw.md", None, "h", "f", ["domain:all"], chunks))
         query = "What is EVAL_JWT_SECRET used for?"

@@ -68,7 +68,7 @@ from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig, embedding_input
-from retrieval.store import ACL_PREDICATE, HYBRID_SQL, PgDocumentStore
+from retrieval.store import ACL_PREDICATE, HYBRID_SQL_BY_RANKING, PgDocumentStore
 from tests.ingest_jobs.corpus import HashedEmbedder
 from tests.serve_app.api.api_helpers import parse_sse_text
 
@@ -584,9 +584,10 @@ def test_the_property_catches_planted_bugs(
 
     if mutant == "keyword_side_unfiltered":
         keyword_filter = "c.tsv @@ q.select_q"
-        broken = HYBRID_SQL.replace(f"{keyword_filter} AND {ACL_PREDICATE}", keyword_filter)
-        assert broken != HYBRID_SQL
-        monkeypatch.setattr(retrieval.store, "HYBRID_SQL", broken)
+        for ranking, sql in HYBRID_SQL_BY_RANKING.items():  # the statement of each ranking
+            broken = sql.replace(f"{keyword_filter} AND {ACL_PREDICATE}", keyword_filter)
+            assert broken != sql
+            monkeypatch.setitem(retrieval.store.HYBRID_SQL_BY_RANKING, ranking, broken)
     else:
         bug = _domains_as_roles if mutant == "domains_as_roles" else _hierarchy_upside_down
         monkeypatch.setattr(foundation.identity, "caller_entries", bug)

@@ -95,9 +95,9 @@ CANDIDATES = [
 @pytest.mark.parametrize(
     ("sides", "depths", "order"),
     [
-        ("hybrid", (40, 40), ["both", "vector-first", "keyword-second"]),
+        ("hybrid", (40, 80), ["both", "vector-first", "keyword-second"]),
         ("vector", (40, 0), ["vector-first", "both"]),
-        ("keyword", (0, 40), ["both", "keyword-second"]),
+        ("keyword", (0, 80), ["both", "keyword-second"]),
     ],
 )
 async def test_a_side_alone_asks_the_store_for_none_of_the_other(
