@@ -167,8 +167,9 @@ async def vector_index_for(
 ) -> AsyncIterator[None]:
     """Around a run's writes: the vector index dropped for a bulk load and built after (also
     when the run fails: the original error wins), or built first if a run killed during its
-    bulk load left it missing."""
-    if not isinstance(store, VectorIndexOwner):
+    bulk load left it missing. A run with nothing to embed leaves it alone (``db up`` mends
+    it too)."""
+    if not isinstance(store, VectorIndexOwner) or new_chunks == 0:
         yield
         return
     deferred = defer_vector_index(settings, new_chunks, stored_chunks)

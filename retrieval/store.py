@@ -495,8 +495,11 @@ class PgDocumentStore:
         await self._pool.execute(f"DROP INDEX IF EXISTS {VECTOR_INDEX}")
 
     async def build_vector_index(self) -> bool:
-        """Build the HNSW index if it is missing; True when this call built it. One builder at
-        a time (an advisory lock): a second caller waits, then finds it there."""
+        """Build the HNSW index if it is missing; True when this call built it. When it is
+        there (nearly always) this is one statement; one builder at a time (an advisory lock):
+        a second caller waits, then finds it there."""
+        if await self._pool.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX):
+            return False
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", VECTOR_INDEX)
             if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX):

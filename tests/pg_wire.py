@@ -158,6 +158,9 @@ WRITE_EMPTY_DOCUMENT = [t for t in WRITE_DOCUMENT if "COPY" not in t]  # no chun
 # documents(): the fingerprints of everything stored, one statement.
 LIST_DOCUMENTS = ["execute: SELECT source,", "query: pool reset"]
 
+# build_vector_index() when the index is there: one statement.
+FIND_VECTOR_INDEX = ["execute: SELECT to_regclass", "query: pool reset"]
+
 
 def label(trip: RoundTrip) -> str:
     """``kind: first two words`` (each cut at a parenthesis), e.g. ``execute: DELETE FROM``,

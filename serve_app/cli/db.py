@@ -16,12 +16,25 @@ async def db_up(settings: Settings) -> dict[str, Any]:
 
     url = await resolve_database_url(settings)
     migrate(url, settings.resolved_embedding_dim)
+    await _mend_vector_index(settings, url)
     return {
         "database": redact(url),
         "embedded": settings.database_url is None,
         "revision": head_revision(),
         "embedding_dim": settings.resolved_embedding_dim,
     }
+
+
+async def _mend_vector_index(settings: Settings, url: str) -> None:
+    """An ingestion run killed during a bulk load leaves the HNSW index dropped
+    (INGEST_DEFER_VECTOR_INDEX); searches stay right but scan. ``db up`` builds it again."""
+    from serve_app.knowledge import connect_store
+
+    store = await connect_store(settings, url)
+    try:
+        await store.build_vector_index()
+    finally:
+        await store.close()
 
 
 async def db_status(settings: Settings) -> dict[str, Any]:

@@ -90,6 +90,9 @@ async def test_kill_9_mid_ingest_then_rerun_equals_clean_ingest(
         "DATABASE_URL": db_url,
         "HF_HUB_OFFLINE": "1",
         "EMBEDDING_DTYPE": "float32",
+        # Small batches: the embedder gets 8 batches a call, and documents finish (and are
+        # written) call by call, so a kill after 7 of the 24 can land between two writes.
+        "EMBEDDING_BATCH_SIZE": "2",
     }
     proc = await asyncio.create_subprocess_exec(
         *_ingest_cmd(root),

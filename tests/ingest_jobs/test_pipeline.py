@@ -14,6 +14,7 @@ from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestFailed, IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import VECTOR_INDEX, DocumentRecord, PgDocumentStore, WriteOutcome
+from serve_app.cli.db import db_up
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 
 pytestmark = pytest.mark.integration
@@ -424,6 +425,8 @@ async def test_a_failed_bulk_load_still_builds_the_index_and_a_killed_one_is_men
         assert report.new > 0 and await _has_index(store)
         await store.drop_vector_index()
         report = await _run(store, root, minilm, "never", tmp_path / "home")
-        assert report.new == 0 and await _has_index(store)  # nothing to embed: built all the same
+        assert report.new == 0 and not await _has_index(store)  # nothing to embed: left alone
+        await db_up(Settings(agent_service_home=tmp_path / "home", database_url=db_url))
+        assert await _has_index(store)  # `agent-service db up` mends it
     finally:
         await store.close()
