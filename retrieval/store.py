@@ -251,13 +251,16 @@ WITH vec AS MATERIALIZED (
                 ELSE t::tsquery END AS select_q
     FROM split
 ), kw AS MATERIALIZED (
-    SELECT c.id, {{rank}} AS score
+    -- Ties on the ranking (ts_rank saturates: every chunk under a heading that holds the
+    -- word scores the same) go to the other function, then to the id, never to the order
+    -- rows happen to be stored in.
+    SELECT c.id, {{rank}} AS score, {{tie}} AS tie
     FROM chunks c, kwq q
     WHERE c.tsv @@ q.select_q AND {ACL_PREDICATE}
-    ORDER BY score DESC, c.id
+    ORDER BY score DESC, tie DESC, c.id
     LIMIT $5
 ), kw_ranked AS (
-    SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank FROM kw
+    SELECT id, row_number() OVER (ORDER BY score DESC, tie DESC, id) AS rank FROM kw
 )
 SELECT c.id, d.source, d.title, c.section, c.kind, c.text,
        v.rank AS vector_rank, k.rank AS keyword_rank, v.distance
@@ -268,8 +271,9 @@ JOIN documents d ON d.id = c.document_id
 """
 # The hybrid statement for each keyword ranking (both fixed strings, built at import).
 HYBRID_SQL_BY_RANKING: dict[str, str] = {
-    name: HYBRID_SQL_TEMPLATE.replace("{rank}", function)
+    name: HYBRID_SQL_TEMPLATE.replace("{rank}", function).replace("{tie}", tie)
     for name, function in KEYWORD_RANK_FUNCTIONS.items()
+    for tie in [f for other, f in KEYWORD_RANK_FUNCTIONS.items() if other != name]
 }
 HYBRID_SQL = HYBRID_SQL_BY_RANKING[DEFAULT_KEYWORD_RANKING]
 
