@@ -64,11 +64,13 @@ Sides = Literal["hybrid", "vector", "keyword"]
 
 @dataclass(frozen=True)
 class RetrievalConfig:
+    # TOP_K_KEYWORD and RRF_K were tuned on data: bench/RESULTS.md, "Fusion and depth tuned
+    # on a training split" (issue 16, item 4).
     top_k_vector: int = 40
-    top_k_keyword: int = 80  # the defaults of TOP_K_KEYWORD and RRF_K: bench/RESULTS.md,
+    top_k_keyword: int = 80
     top_k_rerank: int = 20
     top_k_final: int = 5
-    rrf_k: int = 10  # "Fusion and depth tuned on a training split" (issue 16, item 4)
+    rrf_k: int = 10
     # The keyword list's weight in the fusion (the vector list's is 1): RRF_KEYWORD_WEIGHT.
     keyword_weight: float = 1.0
     observe_payloads: bool = False  # OBSERVE_PAYLOADS: query and chunk text on the spans

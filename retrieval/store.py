@@ -122,6 +122,7 @@ class VectorIndexOwner(Protocol):
 # The HNSW index as migration 0001 creates it (the migration keeps its own copy: migrations
 # never change once released).
 VECTOR_INDEX = "chunks_embedding_hnsw"
+VECTOR_INDEX_EXISTS_SQL = "SELECT to_regclass($1) IS NOT NULL"  # $1: VECTOR_INDEX
 VECTOR_INDEX_SQL = (
     f"CREATE INDEX IF NOT EXISTS {VECTOR_INDEX} ON chunks "
     "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
@@ -211,9 +212,12 @@ COMMON_WORDS_TTL_S = 300.0
 # with normalization 32 (rank / (rank + 1)); neither has IDF.
 KeywordRanking = Literal["ts_rank_cd", "ts_rank"]
 DEFAULT_KEYWORD_RANKING: KeywordRanking = "ts_rank"  # tuned: issue 16 item 4
-KEYWORD_RANK_FUNCTIONS: dict[str, str] = {
-    "ts_rank_cd": "ts_rank_cd(c.tsv, q.rank_q, 32)",
-    "ts_rank": "ts_rank(c.tsv, q.rank_q, 32)",
+TS_RANK_CD = "ts_rank_cd(c.tsv, q.rank_q, 32)"
+TS_RANK = "ts_rank(c.tsv, q.rank_q, 32)"
+# Each ranking's (rank, tie-break): ties go to the other function.
+KEYWORD_RANK_FUNCTIONS: dict[str, tuple[str, str]] = {
+    "ts_rank_cd": (TS_RANK_CD, TS_RANK),
+    "ts_rank": (TS_RANK, TS_RANK_CD),
 }
 
 HYBRID_SQL_TEMPLATE = f"""
@@ -271,9 +275,8 @@ JOIN documents d ON d.id = c.document_id
 """
 # The hybrid statement for each keyword ranking (both fixed strings, built at import).
 HYBRID_SQL_BY_RANKING: dict[str, str] = {
-    name: HYBRID_SQL_TEMPLATE.replace("{rank}", function).replace("{tie}", tie)
-    for name, function in KEYWORD_RANK_FUNCTIONS.items()
-    for tie in [f for other, f in KEYWORD_RANK_FUNCTIONS.items() if other != name]
+    name: HYBRID_SQL_TEMPLATE.replace("{rank}", rank).replace("{tie}", tie)
+    for name, (rank, tie) in KEYWORD_RANK_FUNCTIONS.items()
 }
 HYBRID_SQL = HYBRID_SQL_BY_RANKING[DEFAULT_KEYWORD_RANKING]
 
@@ -502,11 +505,11 @@ class PgDocumentStore:
         """Build the HNSW index if it is missing; True when this call built it. When it is
         there (nearly always) this is one statement; one builder at a time (an advisory lock):
         a second caller waits, then finds it there."""
-        if await self._pool.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX):
+        if await self._pool.fetchval(VECTOR_INDEX_EXISTS_SQL, VECTOR_INDEX):
             return False
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", VECTOR_INDEX)
-            if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX):
+            if await conn.fetchval(VECTOR_INDEX_EXISTS_SQL, VECTOR_INDEX):
                 return False
             # The graph is built in memory when it fits (far faster than spilling to disk).
             await conn.execute("SET LOCAL maintenance_work_mem = '512MB'")

@@ -13,7 +13,13 @@ import pytest
 from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestFailed, IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
-from retrieval.store import VECTOR_INDEX, DocumentRecord, PgDocumentStore, WriteOutcome
+from retrieval.store import (
+    VECTOR_INDEX,
+    VECTOR_INDEX_EXISTS_SQL,
+    DocumentRecord,
+    PgDocumentStore,
+    WriteOutcome,
+)
 from serve_app.cli.db import db_up
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 
@@ -27,12 +33,18 @@ async def _store(url: str) -> PgDocumentStore:
 async def _ingest(
     store: Any,
     root: Path,
-    embedder: SentenceTransformerEmbedder,
+    embedder: Any,
     *,
     prune: bool = False,
+    defer_index: str = "auto",
+    batch_size: int = 32,
 ) -> IngestReport:
-    settings = Settings(agent_service_home=root.parent / "home")
-    options = IngestOptions(roots=[(root, [])], prune=prune, executor="local", max_tokens=120)
+    settings = Settings(
+        agent_service_home=root.parent / "home", ingest_defer_vector_index=defer_index
+    )
+    options = IngestOptions(
+        roots=[(root, [])], prune=prune, executor="local", max_tokens=120, batch_size=batch_size
+    )
     return await run_ingest(store, settings, options, embedder=embedder)
 
 
@@ -370,21 +382,11 @@ class IndexWatchingStore(PgDocumentStore):
 
 
 async def _has_index(store: PgDocumentStore) -> bool:
-    return bool(await store.pool.fetchval("SELECT to_regclass($1) IS NOT NULL", VECTOR_INDEX))
+    return bool(await store.pool.fetchval(VECTOR_INDEX_EXISTS_SQL, VECTOR_INDEX))
 
 
 async def _watching_store(url: str) -> IndexWatchingStore:
     return await IndexWatchingStore.connect(url, embedding_dim=384, max_size=4)
-
-
-async def _run(
-    store: Any, root: Path, embedder: Any, defer: str, home: Path, *, batch_size: int = 32
-) -> IngestReport:
-    settings = Settings(agent_service_home=home, ingest_defer_vector_index=defer)
-    options = IngestOptions(
-        roots=[(root, [])], executor="local", max_tokens=120, batch_size=batch_size
-    )
-    return await run_ingest(store, settings, options, embedder=embedder)
 
 
 async def test_a_bulk_load_writes_without_the_vector_index_and_builds_it_after(
@@ -393,7 +395,7 @@ async def test_a_bulk_load_writes_without_the_vector_index_and_builds_it_after(
     root = write_corpus(tmp_path / "docs")
     store = await _watching_store(db_url)
     try:
-        await _run(store, root, minilm, "always", tmp_path / "home")
+        await _ingest(store, root, minilm, defer_index="always")
         assert store.index_at_writes and not any(store.index_at_writes)
         assert await _has_index(store)
         definition = await store.pool.fetchval(
@@ -403,7 +405,7 @@ async def test_a_bulk_load_writes_without_the_vector_index_and_builds_it_after(
         bulk = await snapshot(db_url)
         await store.pool.execute("DELETE FROM documents")
         store.index_at_writes = []
-        await _run(store, root, minilm, "never", tmp_path / "home")
+        await _ingest(store, root, minilm, defer_index="never")
         assert store.index_at_writes and all(store.index_at_writes)
     finally:
         await store.close()
@@ -418,13 +420,13 @@ async def test_a_failed_bulk_load_still_builds_the_index_and_a_killed_one_is_men
     try:
         failing: Any = FailingEmbedder(minilm, fail_on=2)
         with pytest.raises(IngestFailed):
-            await _run(store, root, failing, "always", tmp_path / "home", batch_size=1)
+            await _ingest(store, root, failing, defer_index="always", batch_size=1)
         assert await _has_index(store)
         await store.drop_vector_index()  # as a kill -9 between the drop and the build leaves it
-        report = await _run(store, root, minilm, "never", tmp_path / "home")
+        report = await _ingest(store, root, minilm, defer_index="never")
         assert report.new > 0 and await _has_index(store)
         await store.drop_vector_index()
-        report = await _run(store, root, minilm, "never", tmp_path / "home")
+        report = await _ingest(store, root, minilm, defer_index="never")
         assert report.new == 0 and not await _has_index(store)  # nothing to embed: left alone
         await db_up(Settings(agent_service_home=tmp_path / "home", database_url=db_url))
         assert await _has_index(store)  # `agent-service db up` mends it
