@@ -38,6 +38,7 @@ from agent.answer import (
     AgentAnswer,
     AgentEvent,
     CitationEvent,
+    Decision,
     DoneEvent,
     ProgressEvent,
     TokenEvent,
@@ -46,6 +47,7 @@ from agent.answer import (
 from agent.citations import (
     Citation,
     CitationStreamFilter,
+    extract_citations,
     snippet,
 )
 from agent.finishing import Finisher
@@ -388,16 +390,23 @@ class Agent:
 
     @staticmethod
     def _composed(run: Run, text: str, streaming: bool) -> list[AgentEvent]:
-        """The events of an answer the service wrote from the plan's tool results, or none
-        when a figure in it is not grounded (a composer bug: the model answers instead)."""
+        """The events of an answer the service wrote from the plan's tool results (its
+        markers cite chunks the run retrieved), or none when a figure in it is not grounded
+        or a marker names no such chunk (a composer bug: the model answers instead)."""
         missing = ungrounded(text, run.evidence())
-        if missing:
-            log.warning("composed answer not grounded (%s); asking the model", "; ".join(missing))
+        cited = extract_citations(text, run.retrieved())
+        if missing or cited.hallucinated:
+            why = "; ".join([*missing, *(f"no chunk {c}" for c in cited.hallucinated)])
+            log.warning("composed answer not grounded (%s); asking the model", why)
             return []
         run.notes.append("answer composed by the service from the tool results (no model call)")
         idk = is_idk(text)
-        done = DoneEvent(response=run.response(text, "idk" if idk else "answered", idk=idk))
-        return [TokenEvent(text=text), done] if streaming else [done]
+        citations = [citation_out(c) for c in cited.citations]
+        decision: Decision = "idk" if idk else "answered"
+        done = DoneEvent(response=run.response(text, decision, idk=idk, citations=citations))
+        if not streaming:
+            return [done]
+        return [TokenEvent(text=text), *(CitationEvent(citation=c) for c in citations), done]
 
     @property
     def plans_first(self) -> bool:

@@ -47,6 +47,7 @@ from agent.intents import LiveIntent, asks_for_buildings, live_intent
 from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
 from agent.progress import tool_started
 from agent.prompts import IDK_MARKER
+from agent.reference import compose_reference
 from agent.routing import (
     DOC_SIMILARITY,
     RouteDecision,
@@ -258,12 +259,13 @@ class Planner:
         earlier: Sequence[PriorTurn] = (),
     ) -> None:
         self.tools = tools
-        self.compose = compose  # write settled live-data answers and greetings here
+        self.compose = compose  # write settled answers (greetings, live data, entries) here
         self.rewriter = rewriter or DeterministicRewriter()
         self.earlier = tuple(earlier)  # the caller's earlier turns of the conversation
         self._calls = 0
         self._steps: list[tuple[ToolCall, Message]] = []  # visible steps not yet in messages
         self._shown: list[ToolOutcome] = []  # every visible step's outcome, in order
+        self._docs: list[SearchHit] = []  # the documentation chunks shown, in order
         self._intent = LiveIntent()
         self._rest = ""  # the question without the names and ids it mentions
 
@@ -361,6 +363,8 @@ class Planner:
             return compose_greeting(question)
         if decision.idk:
             return IDK_MARKER  # the caller's documentation does not hold what it asks
+        if decision.route == "documentation":
+            return compose_reference(question, self._docs)
         if decision.route != "live_data":
             return None
         return compose_live(
@@ -488,6 +492,7 @@ class Planner:
         shown (the only ones the answer may cite)."""
         shown = list(search.chunks[:DOC_HITS_SHOWN])
         run.seen_chunks.add(shown)
+        self._docs = shown
         labels = []
         for hit in shown:
             run.entities.add("chunk", hit.chunk_id)
