@@ -52,6 +52,7 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
             "DATABASE_URL": sample_docs_url,
             "LLM_BASE_URL": f"http://127.0.0.1:{port}/llm/v1",
             "TOOL_CALLING_MODE": "json_schema",
+            "PLAN_FIRST": "auto",  # the service's default (tests/conftest.py turns it off)
             # The first question reads the whole prompt on a cold model (2 shared cores): give
             # it the client's 300 s instead of the service's default 170 s deadline.
             "ASK_TIMEOUT_SECONDS": "280",
@@ -87,15 +88,21 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
                     ray.shutdown()
 
 
+STAFF_CLAIMS = {
+    "sub": "u-staff",
+    "memberships": [{"domain": "northwind", "role": "business_staff"}],
+}
+COOLDOWN_QUESTION = "How long is the alert cooldown by default, and what does it do?"
+
+
+def _ask_as_staff(base_url: str, question: str) -> httpx.Response:
+    headers = {"x-gateway-claims": base64.b64encode(json.dumps(STAFF_CLAIMS).encode()).decode()}
+    return httpx.post(f"{base_url}/ask", json={"question": question}, headers=headers, timeout=300)
+
+
 def test_qwen_answers_a_documentation_question_with_a_citation(qwen_stack: str) -> None:
-    claims = {"sub": "u-staff", "memberships": [{"domain": "northwind", "role": "business_staff"}]}
-    headers = {"x-gateway-claims": base64.b64encode(json.dumps(claims).encode()).decode()}
-    resp = httpx.post(
-        f"{qwen_stack}/ask",
-        json={"question": "What does error code CV-E1033 mean?"},
-        headers=headers,
-        timeout=300,
-    )
+    # A paraphrase: no reference entry to quote, so the model writes the answer.
+    resp = _ask_as_staff(qwen_stack, COOLDOWN_QUESTION)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["model"] == "qwen2.5-coder-1.5b-instruct"
@@ -107,3 +114,15 @@ def test_qwen_answers_a_documentation_question_with_a_citation(qwen_stack: str) 
         assert all(c["source"].endswith(".md") for c in body["citations"])
     assert body["usage"]["input_tokens"] > 0
     assert body["cost"]["estimated_usd"] == 0.0
+
+
+def test_a_question_about_an_error_code_is_answered_with_its_entry(qwen_stack: str) -> None:
+    """The code's own reference entry, quoted and cited by the service (agent.reference)."""
+    resp = _ask_as_staff(qwen_stack, "What does error code CV-E1033 mean?")
+
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert any("composed by the service" in note for note in body["notes"]), body["notes"]
+    assert body["decision"] == "answered" and body["usage"]["input_tokens"] == 0
+    assert body["answer"].startswith("CV-E1033 – Clock skew (Error code reference): ")
+    assert [c["source"].rsplit("/", 1)[-1] for c in body["citations"]] == ["error-codes.md"]
