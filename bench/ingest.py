@@ -224,7 +224,7 @@ async def measure(
         os.environ["RAY_ADDRESS"] = saved
     return (
         f"| {name} | {len(files)} | {len(texts)} | {in_order_s:.1f} s, "
-        f"{len(texts) / in_order_s:.1f}/s | {raw_s:.1f} s, {raw_rate:.1f}/s | "
+        f"{in_order_rate:.1f}/s | {raw_s:.1f} s, {raw_rate:.1f}/s | "
         f"{cells['local']} | {cells['ray']} | {'in-process' if auto == 'local' else 'Ray'} |"
     )
 

@@ -1,8 +1,7 @@
 """Database round trips of an ingestion run, counted on the wire (``tests/pg_wire.py``), not
 timed: one statement to list what is stored, one to find the vector index, then the same
 fixed transaction per batch of changed documents whatever their number of chunks, and
-nothing else. An unchanged re-run
-writes nothing."""
+nothing else. An unchanged re-run writes nothing."""
 
 from __future__ import annotations
 
