@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -212,30 +212,40 @@ class RayPipelineLost(RuntimeError):
         )
 
 
+ChildMain = Callable[[Settings, str | None, Connection, Connection], None]
+
+
 def iter_ray_isolated(
-    work: RayWork, settings: Settings, tokenizer_path: str | None
+    work: RayWork,
+    settings: Settings,
+    tokenizer_path: str | None,
+    *,
+    child_main: ChildMain | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``iter_ray`` in a child process that sends its rows over a pipe. A Ray node that
     dies takes down the driver connected to it with a bare ``exit(1)``; here that is the
     child, and this process, which writes the documents, reports what failed and what the
-    store holds. The pipe is the backpressure: the child blocks while the writer lags."""
+    store holds. The pipe is the backpressure: the child blocks while the writer lags.
+    ``child_main``: what the child runs (tests: a child that dies at once)."""
     context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
     receiver, sender = context.Pipe(duplex=False)
+    work_reader, work_writer = context.Pipe(duplex=False)
     child = context.Process(
-        target=_ray_child,
-        args=(work, settings, tokenizer_path, sender),
+        target=child_main or _ray_child,
+        args=(settings, tokenizer_path, work_reader, sender),
         name="ingest-ray",
         daemon=True,
     )
     child.start()
     sender.close()
-    return _child_rows(child, receiver)
+    work_reader.close()
+    return _child_rows(child, receiver, work, work_writer)
 
 
 def _ray_child(
-    work: RayWork,
     settings: Settings,
     tokenizer_path: str | None,
+    work_reader: Connection,
     sender: Connection,
 ) -> None:
     # The rows go over the pipe; anything Ray prints (a dying node's last words) goes to
@@ -243,6 +253,8 @@ def _ray_child(
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
+        work: RayWork = work_reader.recv()
+        work_reader.close()
         batch: list[dict[str, Any]] = []
         for row in iter_ray(work, settings, tokenizer_path):
             batch.append(row)
@@ -260,9 +272,22 @@ def _ray_child(
 CHILD_EXIT_GRACE_S = 10.0  # a child that sent its last row disconnects from Ray, then exits
 
 
-def _child_rows(child: BaseProcess, receiver: Connection) -> Iterator[dict[str, Any]]:
+def _child_rows(
+    child: BaseProcess, receiver: Connection, work: RayWork, work_writer: Connection
+) -> Iterator[dict[str, Any]]:
     finished = False
     try:
+        # The work (every path and hash: megabytes for a large corpus) goes over a pipe of
+        # its own, not as the process's arguments: a child that dies before reading them
+        # left ``Process.start`` blocked on a full pipe for ever (its read end is held open
+        # by this process); here the write fails and the run reports it.
+        try:
+            work_writer.send(work)
+        except OSError:
+            child.join(timeout=10)
+            raise RayPipelineLost(child.exitcode) from None
+        finally:
+            work_writer.close()
         while True:
             try:
                 kind, payload = receiver.recv()
