@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from ingest_jobs.pipeline import (
     DEFER_INDEX_MIN_CHUNKS,
     ENCODE_WINDOW_BATCHES,
     IngestOptions,
+    _prefetched,
     defer_vector_index,
     run_ingest,
 )
@@ -98,3 +100,35 @@ def test_when_a_run_drops_the_vector_index(
 ) -> None:
     settings = Settings(agent_service_home=tmp_path, ingest_defer_vector_index=setting)
     assert defer_vector_index(settings, new, stored) is deferred
+
+
+def test_prefetching_keeps_the_order_and_raises_the_producers_error_in_the_consumer() -> None:
+    def produce() -> Iterator[int]:
+        yield from range(5)
+        raise OSError("page changed while it was read")
+
+    seen: list[int] = []
+    with pytest.raises(OSError, match="page changed"):
+        for item in _prefetched(produce()):
+            seen.append(item)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_a_consumer_that_stops_early_stops_the_producer() -> None:
+    produced: list[int] = []
+    stopped = threading.Event()
+
+    def produce() -> Iterator[int]:
+        try:
+            for n in range(1_000):
+                produced.append(n)
+                yield n
+        finally:
+            stopped.set()
+
+    items = _prefetched(produce())
+    assert next(items) == 0
+    items.close()
+
+    assert stopped.wait(timeout=5)
+    assert len(produced) <= 3  # one handed over, one queued, one waiting to be
