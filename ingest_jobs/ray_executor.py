@@ -205,11 +205,12 @@ class RayPipelineLost(RuntimeError):
     """The process running the Ray pipeline ended before its last row (its Ray node died:
     Ray then ends the process itself, where no Python handler runs)."""
 
-    def __init__(self, exit_code: int | None) -> None:
-        super().__init__(
-            f"the Ray pipeline's process ended (exit code {exit_code}) before all rows "
-            "arrived; Ray's own logs are under /tmp/ray/session_latest/logs"
-        )
+    def __init__(self, exit_code: int | None, *, started: bool = True) -> None:
+        if started:
+            where = "before all rows arrived; Ray's own logs are under /tmp/ray/session_latest/logs"
+        else:  # it never got as far as Ray: its own error is on stderr
+            where = "before it read its work (its error, if any, is on stderr above)"
+        super().__init__(f"the Ray pipeline's process ended (exit code {exit_code}) {where}")
 
 
 ChildMain = Callable[[Settings, str | None, Connection, Connection], None]
@@ -285,7 +286,7 @@ def _child_rows(
             work_writer.send(work)
         except OSError:
             child.join(timeout=10)
-            raise RayPipelineLost(child.exitcode) from None
+            raise RayPipelineLost(child.exitcode, started=False) from None
         finally:
             work_writer.close()
         while True:

@@ -36,5 +36,5 @@ def test_a_child_that_dies_before_reading_its_work_fails_the_run_instead_of_hang
 
     rows = iter_ray_isolated(work, Settings(), None, child_main=_dies_at_once)
 
-    with pytest.raises(RayPipelineLost, match=r"exit code 3"):
+    with pytest.raises(RayPipelineLost, match=r"exit code 3\) before it read its work"):
         next(rows)
