@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,31 +314,16 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
         await store.close()
 
 
-class EditingEmbedder:
-    """The real embedder; its first batch edits a page the run has hashed but not yet read
-    again (an editor saving a file while ingestion runs): one with no line in that batch."""
+def _edits_once(page: Path) -> Callable[[str, int, int], None]:
+    """A progress callback that saves ``page`` when the run starts embedding: after the run
+    hashed it, before any executor reads it again (an editor saving a file mid-run). Not
+    from inside an encode call: the in-process executor reads the next pages meanwhile."""
 
-    def __init__(self, inner: SentenceTransformerEmbedder, pages: list[Path]) -> None:
-        self.inner, self.pages = inner, pages
-        self.page: Path | None = None
+    def progress(event: str, done: int, total: int) -> None:
+        if event == "start":
+            page.write_text("# Edited\n\nSaved while the run was going.\n", encoding="utf-8")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def encode(self, texts: list[str]) -> Any:
-        if self.page is None:
-            seen = "\n".join(texts)
-            self.page = next(
-                page
-                for page in self.pages
-                if not any(
-                    line in seen
-                    for line in page.read_text(encoding="utf-8").splitlines()
-                    if len(line) > 20
-                )
-            )
-            self.page.write_text("# Edited\n\nSaved while the run was going.\n", encoding="utf-8")
-        return self.inner.encode(texts)
+    return progress
 
 
 async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
@@ -349,19 +334,19 @@ async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
     storing the new text under the old fingerprint (a re-run would then skip it forever)."""
     root = write_corpus(tmp_path / "docs")
     pages = sorted(p for p in root.rglob("*") if p.suffix in {".md", ".markdown", ".qd"})
-    editing = EditingEmbedder(minilm, pages)
+    edited = pages[-1]
     settings = Settings(agent_service_home=tmp_path / "home")
     options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120, batch_size=1)
     store = await _store(db_url)
     try:
         with pytest.raises(IngestFailed) as caught:
-            await run_ingest(store, settings, options, embedder=editing)
-        assert editing.page is not None
-        last = editing.page
-        assert f"SourceChanged: {last.as_posix()} changed while it was being ingested" in str(
+            await run_ingest(
+                store, settings, options, embedder=minilm, progress=_edits_once(edited)
+            )
+        assert f"SourceChanged: {edited.as_posix()} changed while it was being ingested" in str(
             caught.value
         )
-        assert last.as_posix() in caught.value.not_ingested
+        assert edited.as_posix() in caught.value.not_ingested
         report = await run_ingest(store, settings, options, embedder=minilm)
         assert report.new == len(caught.value.not_ingested)
         assert (await store.counts())[0] == len(PAGES)
