@@ -248,13 +248,17 @@ def _windows(
         yield rows
 
 
-def _prefetched(items: Iterator[_T]) -> Generator[_T, None, None]:
-    """``items``, produced one ahead on a daemon thread; its exception is raised here. A
-    consumer that stops early stops the producer at its next item."""
-    ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-    stop = threading.Event()
+# What a draining thread queues: ("item", x) per item, then ("done", None), or ("error", exc).
+_Entry = tuple[Literal["item", "done", "error"], Any]
 
-    def offer(entry: tuple[str, Any]) -> bool:
+
+def _drain_on_thread(
+    items: Iterator[Any], ready: queue.Queue[_Entry], stop: threading.Event, name: str
+) -> None:
+    """Starts a daemon thread that puts ``items`` into ``ready`` (``_Entry``); it gives up at
+    its next entry once ``stop`` is set (the consumer is gone)."""
+
+    def offer(entry: _Entry) -> bool:
         """Queue ``entry`` unless the consumer has stopped (False)."""
         while not stop.is_set():
             with contextlib.suppress(queue.Full):
@@ -271,7 +275,15 @@ def _prefetched(items: Iterator[_T]) -> Generator[_T, None, None]:
         except BaseException as exc:
             offer(("error", exc))
 
-    threading.Thread(target=produce, name="ingest-chunks", daemon=True).start()
+    threading.Thread(target=produce, name=name, daemon=True).start()
+
+
+def _prefetched(items: Iterator[_T]) -> Generator[_T, None, None]:
+    """``items``, produced one ahead on a daemon thread; its exception is raised here. A
+    consumer that stops early stops the producer at its next item."""
+    ready: queue.Queue[_Entry] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    _drain_on_thread(items, ready, stop, "ingest-chunks")
     try:
         while True:
             kind, payload = ready.get()
@@ -293,21 +305,9 @@ def _embed_rows(rows: list[dict[str, Any]], embedder: Embedder) -> Iterator[dict
 class _RowFeed:
     """Drains a blocking iterator on a thread so the async writer keeps going meanwhile."""
 
-    _DONE = object()
-
     def __init__(self, iterator: Iterator[dict[str, Any]]) -> None:
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=256)
-        self._iterator = iterator
-        threading.Thread(target=self._run, name="ingest-rows", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            for row in self._iterator:
-                self._queue.put(row)
-        except BaseException as exc:
-            self._queue.put(exc)
-        finally:
-            self._queue.put(self._DONE)
+        self._queue: queue.Queue[_Entry] = queue.Queue(maxsize=256)
+        _drain_on_thread(iterator, self._queue, threading.Event(), "ingest-rows")
 
     def idle(self) -> bool:
         """No row is waiting: the writer has caught up with the embedder."""
@@ -316,15 +316,15 @@ class _RowFeed:
     async def rows(self) -> AsyncIterator[dict[str, Any]]:
         while True:
             try:  # rows already waiting cost no thread hop; only an empty queue is waited on
-                item = self._queue.get_nowait()
+                kind, payload = self._queue.get_nowait()
             except queue.Empty:
-                item = await asyncio.to_thread(self._queue.get)
-            if item is self._DONE:
+                kind, payload = await asyncio.to_thread(self._queue.get)
+            if kind == "done":
                 return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, dict)
-            yield item
+            if kind == "error":
+                raise payload
+            assert isinstance(payload, dict)
+            yield payload
 
 
 Batch = list[tuple[PreparedSource, list[dict[str, Any]]]]  # finished documents and their rows
