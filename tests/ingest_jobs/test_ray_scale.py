@@ -25,7 +25,10 @@ from tests.ingest_jobs.test_pipeline import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PAGES = 2000
-NODE_KILL_PAGES = 600  # enough to be mid-run at the first written document, cheaper to redo
+# Pages of several chunks each, so the pipeline has several encode calls left when the first
+# document is written (600 one-line pages fit in two calls: Ray could finish before the kill).
+NODE_KILL_PAGES = 300
+NODE_KILL_SECTIONS = 6
 
 
 def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
@@ -33,6 +36,18 @@ def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
     root.mkdir()
     for n in range(pages):
         (root / f"page-{n:04d}.md").write_text(f"{line} {n}\n", encoding="utf-8")
+    return root
+
+
+def _sectioned_pages(tmp_path: Path, pages: int, sections: int) -> Path:
+    root = tmp_path / "sectioned"
+    root.mkdir()
+    for n in range(pages):
+        parts = [f"# Door log {n}\n"]
+        for j in range(sections):
+            sentence = f"Door {n}-{j} on floor {j} counted {n * j % 89} people at entrance e{j}. "
+            parts.append(f"## Entrance {j}\n\n{sentence * 12}\n")
+        (root / f"log-{n:03d}.md").write_text("\n".join(parts), encoding="utf-8")
     return root
 
 
@@ -271,7 +286,7 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
 
     from foundation.database import asyncpg_url
 
-    root = _tiny_pages(tmp_path, "door count note", NODE_KILL_PAGES)
+    root = _sectioned_pages(tmp_path, NODE_KILL_PAGES, NODE_KILL_SECTIONS)
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
     command = _ray_ingest(root, "--json-lines")
     proc = await asyncio.create_subprocess_exec(
@@ -314,7 +329,8 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
     finished = json.loads(again.stdout)
     assert (finished["new"], finished["unchanged"]) == (NODE_KILL_PAGES - stored, stored)
     after = await snapshot(db_url)
-    assert len(after["documents"]) == len(after["chunks"]) == NODE_KILL_PAGES
+    assert len(after["documents"]) == NODE_KILL_PAGES
+    assert len(after["chunks"]) == NODE_KILL_PAGES * NODE_KILL_SECTIONS  # one per section
     # the store equals a clean ingest of the same pages (documents, chunks, ACLs)
     conn = await asyncpg.connect(asyncpg_url(db_url))
     try:
