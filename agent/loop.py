@@ -315,6 +315,7 @@ class Agent:
             request=ToolRequest(user=user, top_k=top_k),
             model=model or self.llm.default_model,
             usage=RunUsage(prices=self.prices),
+            question=question,
             messages=[
                 Message("system", self.prompt.render(self.mode, specs)),
                 *history,  # after the system prompt: its prompt-cache prefix stays the same

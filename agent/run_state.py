@@ -64,6 +64,9 @@ class Run:
     request: ToolRequest
     model: str
     usage: RunUsage
+    # This turn's question as asked: not "the first user message", which is an earlier
+    # turn's question when the conversation has history, or the planner's results turn.
+    question: str = ""
     messages: list[Message] = field(default_factory=list)
     traces: list[ToolCallTrace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -79,10 +82,6 @@ class Run:
         return {
             hit.chunk_id: ChunkInfo(hit.source, hit.section, hit.text) for hit in self.seen_chunks
         }
-
-    @property
-    def question(self) -> str:
-        return next((m.content or "" for m in self.messages if m.role == "user"), "")
 
     def evidence(self) -> Evidence:
         """What this run's answer may draw on: the question (the user's own figures), every

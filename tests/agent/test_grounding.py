@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from agent.answer import AgentEvent, DoneEvent, TokenEvent
 from agent.grounding import build_evidence, extract_claims, normalize, ungrounded
+from agent.llm.base import Message
 from agent.loop import Agent
 from agent.prompts import IDK_MARKER
 
@@ -409,3 +410,19 @@ async def test_greetings_and_idk_need_no_check(mode: Mode, make_local_agent: Any
         answer = await make_local_agent(model).answer("Hi", NORTHWIND_STAFF)
         assert (answer.decision, answer.retrieval.ungrounded) == (decision, [])
         assert len(model.requests) == 1
+
+
+@pytest.mark.usefixtures("no_sockets")
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_follow_ups_own_figures_are_evidence(mode: Mode, make_local_agent: Any) -> None:
+    """The figures of THIS question are the user's own to repeat, after earlier turns too
+    (the evidence once read the conversation's first question instead of the current one)."""
+    said = "No: 55 people is above what the plan allows."
+    history = (
+        Message("user", "How busy is Harbor Warehouse?"),
+        Message("assistant", "It is quiet."),
+    )
+    answer = await make_local_agent(scripted(mode, Say(said))).answer(
+        "Could 55 people work there?", NORTHWIND_STAFF, history=history
+    )
+    assert (answer.decision, answer.answer, answer.retrieval.ungrounded) == ("answered", said, [])
