@@ -79,11 +79,23 @@ def pg_admin_url() -> Iterator[str]:
     Its data directory is reused between sessions (initdb is most of a cold start)."""
     from foundation.database import start_embedded
 
+    theirs = _server_running()
     server = start_embedded(TEST_HOME)
     yield server.admin_url
     from foundation.database import stop_embedded
 
-    stop_embedded(TEST_HOME)
+    if not theirs:  # another session's server (a CI run beside a developer's) stays up
+        stop_embedded(TEST_HOME)
+
+
+def _server_running() -> bool:
+    """Whether the test server already runs (its postmaster.pid names a live process)."""
+    try:
+        pid = int((TEST_HOME / "pgdata" / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 async def _create_database(admin_url: str, name: str) -> None:
