@@ -68,7 +68,7 @@ from agent.tools.registry import ToolOutcome
 from agent.tools.twin import MAX_OCCUPANCY_ROOMS
 from retrieval.search import SearchHit
 
-__all__ = ["DOC_RESULTS", "MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
+__all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
 
 MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
 DOC_HITS_SHOWN = 3  # chunks of the up-front search the model sees
@@ -161,30 +161,22 @@ def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]
     return "\n".join(lines) if lines else "No documentation matched."
 
 
-DOC_RESULTS = "Documentation found for the question below:"
-
-
-def _docs_only(decision: RouteDecision) -> bool:
-    return decision.wants_docs and not decision.wants_live
-
-
 def _reminder(question: str, decision: RouteDecision, searched: str | None = None) -> str:
-    follow_up = f"(A follow-up, looked up as: {searched})\n" if searched is not None else ""
-    if _docs_only(decision):
-        return (
-            f"Question: {question}\n{follow_up}Answer only what it asks, in one or two short "
-            "sentences, without repeating the question; sources: the [number] of each result "
-            "you used."
+    if decision.wants_docs and not decision.wants_live:
+        use = (
+            "Answer only what it asks, in one or two short sentences, from the results "
+            "above; sources: the number in brackets of each result you used."
         )
-    use = (
-        "Answer it in one or two sentences from the results above: say plainly what they "
-        "show (including that a building or room was not found, that no sensor is "
-        "installed, or that a reading is missing or offline)."
-    )
-    return (
-        f"The question was: {question}\n{follow_up}{use} Call another tool only if you still "
-        "need data."
-    )
+    else:
+        use = (
+            "Answer it in one or two sentences from the results above: say plainly what they "
+            "show (including that a building or room was not found, that no sensor is "
+            "installed, or that a reading is missing or offline)."
+        )
+    asked = f"The question was: {question}\n"
+    if searched is not None:  # a follow-up: what it was understood as
+        asked += f"(A follow-up, looked up as: {searched})\n"
+    return f"{asked}{use} Call another tool only if you still need data."
 
 
 def _names(hit: SearchHit, token: str) -> bool:
@@ -435,23 +427,13 @@ class Planner:
     ) -> None:
         """The visible steps as ONE assistant turn and its results (one results block for
         the model, fewer tokens), then the question again: a small model that reads long
-        results forgets what was asked and answers IDK.
-
-        A documentation route's one search becomes the question's own turn instead: the
-        results, then the question and what to do. The question, the search step and the
-        results' header as turns of their own cost the 1.5B ~50 prompt tokens (~1 s on 2
-        cores) a call, and the search step only repeats the question."""
+        results forgets what was asked and answers IDK."""
         if not self._steps:
             return
-        reminder = _reminder(question, decision, searched)
-        if _docs_only(decision) and len(self._steps) == 1 and run.messages[-1].role == "user":
-            _, results = self._steps[0]
-            run.messages[-1] = Message("user", f"{DOC_RESULTS}\n{results.content}\n\n{reminder}")
-        else:
-            calls = tuple(call for call, _ in self._steps)
-            run.messages.append(Message("assistant", None, tool_calls=calls))
-            run.messages.extend(result for _, result in self._steps)
-            run.messages.append(Message("user", reminder))
+        calls = tuple(call for call, _ in self._steps)
+        run.messages.append(Message("assistant", None, tool_calls=calls))
+        run.messages.extend(result for _, result in self._steps)
+        run.messages.append(Message("user", _reminder(question, decision, searched)))
         self._steps.clear()
 
     async def _ground(
