@@ -25,9 +25,9 @@ ACME_STAFF = mesh_user("u-acme", ("acme", "business_staff"))
 # system prompt: the question, the planner's steps and results, the reminder)
 ROUTES = [
     ("Hello!", ACME_STAFF, 100),
-    ("What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF, 2250),  # 2039 measured
-    ("How busy is Harbor Warehouse right now?", NORTHWIND_STAFF, 2650),  # 2388 measured
-    ("Does the Quiet Room in Acme Labs have any sensors?", ACME_STAFF, 1800),  # 1636 measured
+    ("What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF, 850),  # 764 measured
+    ("How busy is Harbor Warehouse right now?", NORTHWIND_STAFF, 2500),  # 2261 measured
+    ("Does the Quiet Room in Acme Labs have any sensors?", ACME_STAFF, 1700),  # 1509 measured
 ]
 
 
