@@ -29,6 +29,7 @@ TINY_PAGES = 2000
 # document is written (600 one-line pages fit in two calls: Ray could finish before the kill).
 NODE_KILL_PAGES = 300
 NODE_KILL_SECTIONS = 6
+NODE_KILL_SECTION_CHARS = 600  # one chunk per section under MiniLM's budget
 
 
 def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
@@ -39,15 +40,15 @@ def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
     return root
 
 
-def _sectioned_pages(tmp_path: Path, pages: int, sections: int) -> Path:
-    root = tmp_path / "sectioned"
+def _sectioned_pages(root: Path, pages: int, sections: int, section_chars: int) -> Path:
+    """``pages`` pages of ``sections`` sections of about ``section_chars`` characters each."""
     root.mkdir()
     for n in range(pages):
-        parts = [f"# Door log {n}\n"]
+        parts = [f"# Manual {n}\n"]
         for j in range(sections):
-            sentence = f"Door {n}-{j} on floor {j} counted {n * j % 89} people at entrance e{j}. "
-            parts.append(f"## Entrance {j}\n\n{sentence * 12}\n")
-        (root / f"log-{n:03d}.md").write_text("\n".join(parts), encoding="utf-8")
+            sentence = f"Room {n}-{j} on floor {j} logged {n * j % 97} people at sensor s{j}. "
+            parts.append(f"## Part {j}\n\n{sentence * (section_chars // len(sentence))}\n")
+        (root / f"manual-{n:03d}.md").write_text("\n".join(parts), encoding="utf-8")
     return root
 
 
@@ -143,15 +144,7 @@ OBJECT_STORE_MB = 75  # Ray's minimum object store
 
 
 def _large_pages(tmp_path: Path) -> Path:
-    root = tmp_path / "large"
-    root.mkdir()
-    for n in range(LARGE_PAGES):
-        parts = [f"# Manual {n}\n"]
-        for j in range(SECTIONS_PER_PAGE):
-            sentence = f"Room {n}-{j} on floor {j} logged {n * j % 97} people at sensor s{j}. "
-            parts.append(f"## Part {j}\n\n{sentence * (SECTION_BYTES // len(sentence))}\n")
-        (root / f"manual-{n:03d}.md").write_text("\n".join(parts), encoding="utf-8")
-    return root
+    return _sectioned_pages(tmp_path / "large", LARGE_PAGES, SECTIONS_PER_PAGE, SECTION_BYTES)
 
 
 def _digest_vector(text: str, dimensions: int = 384) -> list[float]:
@@ -286,7 +279,9 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
 
     from foundation.database import asyncpg_url
 
-    root = _sectioned_pages(tmp_path, NODE_KILL_PAGES, NODE_KILL_SECTIONS)
+    root = _sectioned_pages(
+        tmp_path / "sectioned", NODE_KILL_PAGES, NODE_KILL_SECTIONS, NODE_KILL_SECTION_CHARS
+    )
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
     command = _ray_ingest(root, "--json-lines")
     proc = await asyncio.create_subprocess_exec(
