@@ -316,6 +316,7 @@ class Agent:
             model=model or self.llm.default_model,
             usage=RunUsage(prices=self.prices),
             question=question,
+            earlier_questions=tuple(m.content or "" for m in history if m.role == "user"),
             messages=[
                 Message("system", self.prompt.render(self.mode, specs)),
                 *history,  # after the system prompt: its prompt-cache prefix stays the same

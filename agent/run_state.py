@@ -64,9 +64,11 @@ class Run:
     request: ToolRequest
     model: str
     usage: RunUsage
-    # This turn's question as asked: not "the first user message", which is an earlier
-    # turn's question when the conversation has history, or the planner's results turn.
+    # This turn's question as asked, and the conversation's earlier questions: the user's own
+    # figures. Not "the user messages": the service's repair notes are user turns too, and
+    # they quote the very figures a rejected answer invented.
     question: str = ""
+    earlier_questions: tuple[str, ...] = ()
     messages: list[Message] = field(default_factory=list)
     traces: list[ToolCallTrace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -84,9 +86,10 @@ class Run:
         }
 
     def evidence(self) -> Evidence:
-        """What this run's answer may draw on: the question (the user's own figures), every
-        tool call's arguments and result, and the full text of every chunk retrieved."""
-        texts = [self.question]
+        """What this run's answer may draw on: the conversation's questions (the user's own
+        figures), every tool call's arguments and result, and the full text of every chunk
+        retrieved."""
+        texts = [self.question, *self.earlier_questions]
         for message in self.messages:
             if message.role == "tool":
                 texts.append(message.content or "")

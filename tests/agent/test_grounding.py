@@ -414,15 +414,23 @@ async def test_greetings_and_idk_need_no_check(mode: Mode, make_local_agent: Any
 
 @pytest.mark.usefixtures("no_sockets")
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_follow_ups_own_figures_are_evidence(mode: Mode, make_local_agent: Any) -> None:
-    """The figures of THIS question are the user's own to repeat, after earlier turns too
-    (the evidence once read the conversation's first question instead of the current one)."""
+@pytest.mark.parametrize(
+    ("earlier", "now"),
+    [
+        ("How busy is Harbor Warehouse?", "Could 55 people work there?"),
+        ("Could 55 people work at Harbor Warehouse?", "And what about the night shift?"),
+    ],
+    ids=["this question", "an earlier question"],
+)
+async def test_the_users_own_figures_are_evidence_in_a_conversation(
+    mode: Mode, make_local_agent: Any, earlier: str, now: str
+) -> None:
+    """The figures the user typed, in this question or an earlier one, are theirs to repeat
+    (the evidence once read only the conversation's first question, so a follow-up's own
+    "55 people" was flagged as invented)."""
     said = "No: 55 people is above what the plan allows."
-    history = (
-        Message("user", "How busy is Harbor Warehouse?"),
-        Message("assistant", "It is quiet."),
-    )
+    history = (Message("user", earlier), Message("assistant", "It is quiet."))
     answer = await make_local_agent(scripted(mode, Say(said))).answer(
-        "Could 55 people work there?", NORTHWIND_STAFF, history=history
+        now, NORTHWIND_STAFF, history=history
     )
     assert (answer.decision, answer.answer, answer.retrieval.ungrounded) == ("answered", said, [])
