@@ -67,7 +67,7 @@ class Run:
     # This turn's question as asked, and the conversation's earlier questions: the user's own
     # figures. Not "the user messages": the service's repair notes are user turns too, and
     # they quote the very figures a rejected answer invented.
-    question: str = ""
+    question: str
     earlier_questions: tuple[str, ...] = ()
     messages: list[Message] = field(default_factory=list)
     traces: list[ToolCallTrace] = field(default_factory=list)
