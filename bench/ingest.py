@@ -7,9 +7,11 @@ pages copied N times, distinct sources) or a number N (N pages of one real docst
 paragraph each, from the installed packages: real technical English, one chunk per page).
 For each corpus, over the same chunks:
 
-1. raw: ``SentenceTransformerEmbedder.encode`` over the chunk texts in-process, sorted by
-   length in calls of up to 10,000 (the physical limit on this machine: the embedder is
-   where the CPU goes; the least padding); also in batches cut in file order, as before;
+1. raw: the embedder alone over the chunk texts in-process, sorted by length and cut into
+   calls of 1,000 that ``encode_batches`` runs side by side (one per torch thread,
+   ``EMBEDDING_STREAMS``): the fastest way the model goes on this machine, with the least
+   padding; also in batches of 32 cut in file order, one ``encode`` after another, as the
+   pipelines once did;
 2. local: the whole pipeline in one process (read, hash, chunk, embed, COPY);
 3. ray: the Ray Data job (chunk tasks, embedding actor pool, a child process that sends the
    rows, driver writes), timed after ``ray.init`` as a job on a running cluster would be;
@@ -53,15 +55,16 @@ from retrieval.embedders import (
     Embedder,
     SentenceTransformerEmbedder,
     build_embedder,
+    encode_batches,
     resolve_local_model,
 )
 from retrieval.search import embedding_input
 from retrieval.store import PgDocumentStore
 
 ROOT = Path(__file__).resolve().parent.parent
-# The raw encode's call size: 10,000 texts sorted in one call (the physical limit: the least
-# padding); larger corpora in calls of this many, each sorted.
-SORTED_CALL_TEXTS = 10_000
+# The raw encode's call size: the texts sorted by length, then cut into calls of this many,
+# run side by side (streams need several calls; sorted first, a call of 1,000 pads little).
+SORTED_CALL_TEXTS = 1_000
 
 
 def build_corpus(dest: Path, name: str, paragraphs: list[str]) -> list[tuple[Path, list[str]]]:
@@ -169,14 +172,22 @@ async def measure(
             )
 
     def raw_encode_seconds(model: Embedder, *, in_order: bool = False) -> float:
-        """The model alone on these chunks: by default as fast as it goes (every text in one
-        call, which sentence-transformers sorts by length: the least padding); ``in_order``:
-        batches cut in file order (what the pipelines did before they sorted)."""
+        """The model alone on these chunks: by default as fast as it goes (sorted by length,
+        calls side by side); ``in_order``: batches cut in file order, one after another
+        (what the pipelines did before they sorted)."""
         model.encode(texts[:64])  # warm-up
-        step = settings.embedding_batch_size if in_order else SORTED_CALL_TEXTS
+        if in_order:
+            step = settings.embedding_batch_size
+            start = time.perf_counter()
+            for i in range(0, len(texts), step):
+                model.encode(texts[i : i + step])
+            return time.perf_counter() - start
+        ordered = sorted(texts, key=len)
+        step = SORTED_CALL_TEXTS
+        calls = [ordered[i : i + step] for i in range(0, len(texts), step)]
         start = time.perf_counter()
-        for i in range(0, len(texts), step):
-            model.encode(texts[i : i + step])
+        for _ in encode_batches(model, calls):
+            pass
         return time.perf_counter() - start
 
     print(f"\n{name}: {len(files)} documents, {len(texts)} chunks", flush=True)

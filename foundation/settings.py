@@ -135,6 +135,15 @@ class Settings(BaseSettings):
             "float32, so bfloat16 vectors match float32 ones to a cosine of ~0.99995."
         ),
     )
+    embedding_streams: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description=(
+            "Ingestion with a local embedder encodes this many calls side by side, each on an "
+            "equal share of torch's threads; 0: one per thread, 1: one call at a time."
+        ),
+    )
 
     reranker: Literal["noop", "cross-encoder"] = "noop"
     reranker_model: str | None = Field(

@@ -8,6 +8,7 @@ the run fails with its counts (:class:`RayPipelineLost`).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import sys
@@ -33,7 +34,12 @@ class _ChunkEmbedActor:
     second process competing for the 2 cores and no extra hop through the object store."""
 
     def __init__(
-        self, settings_env: dict[str, str], threads: int, tokenizer_path: str | None, budget: int
+        self,
+        settings_env: dict[str, str],
+        threads: int,
+        tokenizer_path: str | None,
+        budget: int,
+        streams: int = 1,
     ) -> None:
         from foundation.settings import load_settings
 
@@ -46,8 +52,15 @@ class _ChunkEmbedActor:
         self.embedder = build_embedder(load_settings())
         self.count_tokens = token_counter(tokenizer_path)
         self.budget = budget
+        # ``streams`` calls run side by side (Ray Data's threaded actor), each on its share of
+        # the threads: as in-process, one busy core then slows one call, not every layer.
+        self.call_threads = max(1, threads // streams)
+        self.embedder.encode(["warm-up"])  # the tokenizer set up before calls share it
 
     def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        import torch
+
+        torch.set_num_threads(self.call_threads)  # this calling thread's own OpenMP team
         rows: list[dict[str, Any]] = []
         for source, path, content_hash in zip(
             batch["source"], batch["path"], batch["content_hash"], strict=True
@@ -142,40 +155,49 @@ def iter_ray(
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
 
+    threads = max(1, (os.cpu_count() or 1) // work.embed_actors)
+    streams = min(settings.embedding_streams or threads, threads)
     ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
     ds = ds.map_batches(
         _ChunkEmbedActor,
         fn_constructor_args=(
             _settings_env(settings),
-            max(1, (os.cpu_count() or 1) // work.embed_actors),
+            threads,
             tokenizer_path,
             work.max_tokens,
+            streams,
         ),
-        batch_size=work.docs_per_call,
+        batch_size=None,  # one block a call (``RayWork``)
         batch_format="numpy",
-        compute=ActorPoolStrategy(size=work.embed_actors),
+        compute=ActorPoolStrategy(
+            size=work.embed_actors,
+            max_concurrent_calls_per_actor=streams,
+            enable_true_multi_threading=streams > 1,
+        ),
         num_cpus=min(1.0, settings.ingest_cpus / (work.embed_actors + 1)),
     )
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 
 
 TEXT_PER_READ_BLOCK = 4 * 1024 * 1024  # characters of page text per block
-# Chunks an embedding actor chunks and encodes per call, on average: one encode call each,
-# which sentence-transformers sorts by length (the driver sends documents shortest first).
-# 10,000 docstring pages on 2 cores: 77.9 chunks/s at 128, 89.9/s at 512 (bench/RESULTS.md).
+# Chunks an embedding actor chunks and encodes per call, at most, on average: one encode call
+# each, which sentence-transformers sorts by length (the driver sends documents shortest
+# first). 10,000 docstring pages on 2 cores: 77.9 chunks/s at 128, 89.9/s at 512
+# (bench/RESULTS.md).
 CHUNKS_PER_CALL = 512
 
 
 @dataclass(frozen=True)
 class RayWork:
     """What the Ray pipeline reads (path and hash per document, never the text), in how many
-    blocks (at least 8, or one per document; more for a large corpus, so each block's chunks
-    stay a few MiB and the streaming executor can hold back reading while the embedder
-    catches up), and how many documents an actor takes per call."""
+    blocks. An actor takes one block per call, so a block holds at most ``CHUNKS_PER_CALL``
+    chunks on average: the last calls of a run are short, and a stream never runs alone for
+    long at the end while the other has nothing left. At least 8 blocks, or one per
+    document; more for a large text, so each block stays a few MiB and the streaming
+    executor can hold back reading while the embedder catches up."""
 
     items: list[dict[str, str]]
     blocks: int
-    docs_per_call: int
     max_tokens: int  # the chunk budget
     embed_actors: int
 
@@ -192,10 +214,9 @@ class RayWork:
         items = [
             {"source": d.source, "path": str(d.path), "content_hash": d.content_hash} for d in docs
         ]
-        blocks = max(1, min(len(docs), max(8, text_chars // TEXT_PER_READ_BLOCK)))
-        chunks_per_doc = max(1.0, chunks / max(1, len(docs)))
-        per_call = max(1, round(CHUNKS_PER_CALL / chunks_per_doc))
-        return cls(items, blocks, per_call, max_tokens, embed_actors)
+        calls = math.ceil(chunks / CHUNKS_PER_CALL)
+        blocks = max(1, min(len(docs), max(8, calls, text_chars // TEXT_PER_READ_BLOCK)))
+        return cls(items, blocks, max_tokens, embed_actors)
 
 
 ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -53,6 +55,66 @@ class Embedder(Protocol):
     def encode(self, texts: Sequence[str]) -> Vectors: ...
 
     async def aencode(self, texts: Sequence[str]) -> Vectors: ...
+
+
+@runtime_checkable
+class StreamingEmbedder(Protocol):
+    """An embedder whose ``encode`` calls run well side by side, each on a thread of its own
+    with an equal share of torch's threads (a local model)."""
+
+    @property
+    def streams(self) -> int:
+        """How many calls, for a caller on this thread (1: one at a time)."""
+        ...
+
+
+def encode_batches(embedder: Embedder, batches: Iterable[Sequence[str]]) -> Iterator[Vectors]:
+    """Each batch's vectors, in order: ``embedder.streams`` batches encoding side by side
+    (``StreamingEmbedder``; a few more wait their turn, so a stream never idles while an
+    earlier batch finishes), else one ``encode`` call after another. The first batch runs
+    alone: it sets a local model's tokenizer up for encoding before the streams share it (a
+    fast tokenizer raises "Already borrowed" if its settings change mid-call)."""
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        return
+    yield embedder.encode(first)
+    streams = embedder.streams if isinstance(embedder, StreamingEmbedder) else 1
+    if streams < 2:
+        yield from map(embedder.encode, batches)
+        return
+    threads = _torch_threads()
+    share = max(1, threads // streams)
+
+    def encode_on_stream(texts: Sequence[str]) -> Vectors:
+        _set_torch_threads(share)  # this thread's own team: OpenMP keeps it per thread
+        return embedder.encode(texts)
+
+    waiting: deque[Future[Vectors]] = deque()
+    try:
+        with ThreadPoolExecutor(streams, thread_name_prefix="encode") as pool:
+            for texts in batches:
+                if len(waiting) == 2 * streams:
+                    yield waiting.popleft().result()
+                waiting.append(pool.submit(encode_on_stream, texts))
+            while waiting:
+                yield waiting.popleft().result()
+    finally:
+        for future in waiting:
+            future.cancel()
+        _set_torch_threads(threads)  # torch's default again, for threads started later
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def _normalise(rows: npt.ArrayLike) -> Vectors:
@@ -100,6 +162,12 @@ def _float32_token_embeddings(
 
 
 class SentenceTransformerEmbedder:
+    """A local sentence-transformers model. ``encode_batches`` runs ``streams`` of its calls
+    side by side, each on a thread of its own with an equal share of torch's threads: one
+    forward pass over all the threads waits at every layer for its slowest thread, so on a
+    machine shared with a writer and a database one busy core stalls the whole pass
+    (bench/RESULTS.md, "Encode streams")."""
+
     def __init__(
         self,
         model: str,
@@ -107,6 +175,7 @@ class SentenceTransformerEmbedder:
         batch_size: int = 32,
         device: str = "cpu",
         dtype: EmbeddingDtype = "float32",
+        streams: int = 1,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -126,6 +195,7 @@ class SentenceTransformerEmbedder:
         self._dim = int(dim)
         self._max_tokens = int(window)
         self._batch_size = batch_size
+        self._streams = streams
         self.dtype: Literal["float32", "bfloat16"] = (
             ("bfloat16" if device == "cpu" and native_bfloat16() else "float32")
             if dtype == "auto"
@@ -171,6 +241,12 @@ class SentenceTransformerEmbedder:
             show_progress_bar=False,
         )
         return _normalise(rows)
+
+    @property
+    def streams(self) -> int:
+        """``EMBEDDING_STREAMS`` (0: one per torch thread), at most the caller's threads."""
+        threads = _torch_threads()
+        return max(1, min(self._streams or threads, threads))
 
     async def aencode(self, texts: Sequence[str]) -> Vectors:
         return await asyncio.to_thread(self.encode, texts)
@@ -276,6 +352,7 @@ def build_embedder(settings: Settings) -> Embedder:
         settings.embedding_model,
         batch_size=settings.embedding_batch_size,
         dtype=settings.embedding_dtype,
+        streams=settings.embedding_streams,
     )
     if embedder.dim != dim:
         raise EmbedderError(

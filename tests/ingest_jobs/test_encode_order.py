@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from ingest_jobs.pipeline import (
     defer_vector_index,
     run_ingest,
 )
+from retrieval.embedders import Vectors
+from retrieval.search import embedding_input
 from retrieval.store import DocumentRecord, StoredDocument, WriteOutcome
 
 
@@ -82,6 +86,57 @@ async def test_documents_are_embedded_shortest_first_in_windows_of_several_batch
     assert [len(call) for call in embedder.calls] == [window] * (60 // window) + [60 % window]
     lengths = [len(text) for call in embedder.calls for text in call]
     assert lengths == sorted(lengths)  # one chunk a page: the whole run is in length order
+
+
+class SideBySideEmbedder(RecordingEmbedder):
+    """A ``StreamingEmbedder`` of two streams whose batches finish out of order (the later
+    one often first), each row a vector that names its own text."""
+
+    streams = 2
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        self.calls.append(list(texts))
+        time.sleep(random.Random(len(texts)).uniform(0, 0.02))
+        return np.stack([_vector_of(text) for text in texts])
+
+
+def _vector_of(text: str) -> Vectors:
+    vector = np.zeros(384, dtype=np.float32)
+    vector[zlib.crc32(text.encode()) % 384] = 1.0
+    return vector
+
+
+class RecordStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[DocumentRecord] = []
+
+    async def write_documents(self, docs: Sequence[DocumentRecord]) -> list[WriteOutcome]:
+        self.records.extend(docs)
+        return await super().write_documents(docs)
+
+
+async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i in range(40):  # several chunks a page, of different lengths
+        sections = [
+            f"## Part {j}\n\n" + f"page {i} part {j} says " * (3 + (i + j) % 20) for j in range(3)
+        ]
+        (root / f"page{i:02d}.md").write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+    embedder, store = SideBySideEmbedder(), RecordStore()
+    settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
+    options = IngestOptions(roots=[(root, [])], executor="local", batch_size=2, max_tokens=40)
+
+    report = await run_ingest(store, settings, options, embedder=embedder)  # type: ignore[arg-type]
+
+    assert report.new == 40 and len(embedder.calls) > 4  # many windows, two at a time
+    chunks = [chunk for record in store.records for chunk in record.chunks]
+    assert len(chunks) >= 120
+    for chunk in chunks:
+        assert (chunk.embedding == _vector_of(embedding_input(chunk.section, chunk.text))).all()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ def test_a_child_that_dies_before_reading_its_work_fails_the_run_instead_of_hang
         }
         for n in range(LARGE_CORPUS_DOCUMENTS)
     ]
-    work = RayWork(items, blocks=8, docs_per_call=64, max_tokens=200, embed_actors=1)
+    work = RayWork(items, blocks=8, max_tokens=200, embed_actors=1)
 
     rows = iter_ray_isolated(work, Settings(), None, child_main=_dies_at_once)
 

@@ -72,8 +72,29 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
 
     monkeypatch.setattr(ray_executor, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
-        ray_executor.iter_ray(ray_executor.RayWork([], 1, 1, 200, 1), Settings(), None)
+        ray_executor.iter_ray(ray_executor.RayWork([], 1, 200, 1), Settings(), None)
     assert started_on == [threading.current_thread()]
+
+
+@pytest.mark.parametrize(
+    ("docs", "chunks", "text_chars", "blocks"),
+    [
+        (10_000, 10_032, 15_000_000, 20),  # a block per call of ~512 chunks: a short tail
+        (200, 30_000, 40_000_000, 59),  # large pages: by chunks, still one call a block
+        (100, 120, 50_000, 8),  # small: at least 8 blocks
+        (3, 3, 100, 3),  # never more blocks than documents
+        (1_000, 1_000, 400_000_000, 95),  # long text: blocks of ~4 MiB
+    ],
+)
+def test_a_block_is_one_actor_call_of_at_most_about_512_chunks(
+    docs: int, chunks: int, text_chars: int, blocks: int, tmp_path: Path
+) -> None:
+    prepared = [
+        PreparedSource(f"page-{n}.md", None, "", "0" * 64, "", [], {}, tmp_path / f"page-{n}.md")
+        for n in range(docs)
+    ]
+    work = ray_executor.RayWork.of(prepared, chunks, text_chars, 200, 1)
+    assert work.blocks == blocks and len(work.items) == docs
 
 
 def test_auto_runs_small_corpora_in_process_and_joins_a_running_cluster(
