@@ -8,10 +8,10 @@ paragraph each, from the installed packages: real technical English, one chunk p
 For each corpus, over the same chunks:
 
 1. raw: the embedder alone over the chunk texts in-process, sorted by length and cut into
-   calls of 1,000 that ``encode_batches`` runs side by side (one per torch thread,
-   ``EMBEDDING_STREAMS``): the fastest way the model goes on this machine, with the least
-   padding; also in batches of 32 cut in file order, one ``encode`` after another, as the
-   pipelines once did;
+   calls of 256 that ``encode_batches`` runs side by side (one per torch thread,
+   ``EMBEDDING_STREAMS``, from ``STREAMS_MIN_CHUNKS`` chunks, as the pipelines do): the
+   fastest way the model goes on this machine, with the least padding; also in batches of
+   32 cut in file order, one ``encode`` after another, as the pipelines once did;
 2. local: the whole pipeline in one process (read, hash, chunk, embed, COPY);
 3. ray: the Ray Data job (chunk tasks, embedding actor pool, a child process that sends the
    rows, driver writes), timed after ``ray.init`` as a job on a running cluster would be;
@@ -49,7 +49,7 @@ from ingest_jobs.pipeline import (
     effective_max_tokens,
     run_ingest,
 )
-from ingest_jobs.ray_executor import start_ray
+from ingest_jobs.ray_executor import start_ray, streams_pay
 from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
 from retrieval.embedders import (
     Embedder,
@@ -63,8 +63,10 @@ from retrieval.store import PgDocumentStore
 
 ROOT = Path(__file__).resolve().parent.parent
 # The raw encode's call size: the texts sorted by length, then cut into calls of this many,
-# run side by side (streams need several calls; sorted first, a call of 1,000 pads little).
-SORTED_CALL_TEXTS = 1_000
+# run side by side. The in-process window's size: a larger call pads no less once sorted, and
+# its last call runs alone on one stream (10,000 pages: 112.8-123.7/s in calls of 1,000,
+# 127.2-132.3/s in calls of 256, bench/RESULTS.md "Encode streams").
+SORTED_CALL_TEXTS = 256
 
 
 def build_corpus(dest: Path, name: str, paragraphs: list[str]) -> list[tuple[Path, list[str]]]:
@@ -186,7 +188,7 @@ async def measure(
         step = SORTED_CALL_TEXTS
         calls = [ordered[i : i + step] for i in range(0, len(texts), step)]
         start = time.perf_counter()
-        for _ in encode_batches(model, calls):
+        for _ in encode_batches(model, calls, streams=None if streams_pay(len(texts)) else 1):
             pass
         return time.perf_counter() - start
 

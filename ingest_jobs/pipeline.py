@@ -36,7 +36,7 @@ from opentelemetry import context as otel_context
 from foundation.observability import attributes as attr
 from foundation.observability.spans import tracer
 from foundation.settings import Settings
-from ingest_jobs.ray_executor import RayWork, iter_ray_isolated
+from ingest_jobs.ray_executor import RayWork, iter_ray_isolated, streams_pay
 from ingest_jobs.sources import (
     PreparedSource,
     SkippedSource,
@@ -222,6 +222,7 @@ def _iter_local(
     embedder: Embedder,
     tokenizer_path: str | None,
     options: IngestOptions,
+    chunks: int,
 ) -> Iterator[dict[str, Any]]:
     counter = token_counter(tokenizer_path) if tokenizer_path else embedder.count_tokens
     window = options.batch_size * ENCODE_WINDOW_BATCHES
@@ -236,7 +237,7 @@ def _iter_local(
 
     # Windows encode side by side where the embedder can (a local model: one per torch
     # thread), so the writer and the database slow one stream, not every layer of one pass.
-    for vectors in encode_batches(embedder, texts()):
+    for vectors in encode_batches(embedder, texts(), streams=None if streams_pay(chunks) else 1):
         rows = encoding.popleft()
         for row, vec in zip(rows, vectors, strict=True):
             yield {**row, "embedding": vec}
@@ -541,7 +542,7 @@ async def _run_ingest(
                 iterator = iter_ray_isolated(work, settings, tokenizer_path)
             else:
                 iterator = _iter_local(
-                    docs, embedder or build_embedder(settings), tokenizer_path, options
+                    docs, embedder or build_embedder(settings), tokenizer_path, options, chunks
                 )
             embed_span = tracer().start_span(
                 "ingest.embed",

@@ -23,7 +23,7 @@ import numpy as np
 
 from foundation.settings import Settings
 from ingest_jobs.sources import PreparedSource, chunk_rows, read_body, token_counter
-from retrieval.embedders import build_embedder
+from retrieval.embedders import build_embedder, stream_count
 from retrieval.search import embedding_input
 
 
@@ -156,7 +156,7 @@ def iter_ray(
     ctx.verbose_progress = False
 
     threads = max(1, (os.cpu_count() or 1) // work.embed_actors)
-    streams = min(settings.embedding_streams or threads, threads)
+    streams = stream_count(settings.embedding_streams, threads) if streams_pay(work.chunks) else 1
     ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
     ds = ds.map_batches(
         _ChunkEmbedActor,
@@ -179,11 +179,23 @@ def iter_ray(
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 
 
+# Encode streams pay from about this many chunks to embed: a run's first call and its last
+# each encode alone (the first sets the tokenizer up; the last has no partner), which costs
+# ~1-2 s on 2 cores, and streams save ~13% of the encode (bench/RESULTS.md, "Encode streams":
+# the 26 sample pages took 8.8 s with them against 7.3 s without).
+STREAMS_MIN_CHUNKS = 2_000
+
+
+def streams_pay(chunks: int) -> bool:
+    """Whether a run that embeds ``chunks`` chunks encodes them in streams."""
+    return chunks >= STREAMS_MIN_CHUNKS
+
+
 TEXT_PER_READ_BLOCK = 4 * 1024 * 1024  # characters of page text per block
-# Chunks an embedding actor chunks and encodes per call, at most, on average: one encode call
-# each, which sentence-transformers sorts by length (the driver sends documents shortest
-# first). 10,000 docstring pages on 2 cores: 77.9 chunks/s at 128, 89.9/s at 512
-# (bench/RESULTS.md).
+# Chunks an embedding actor chunks and encodes in one call (a block, ``RayWork``), on average:
+# one encode call each, which sentence-transformers sorts by length (the driver sends
+# documents shortest first). 10,000 docstring pages on 2 cores: 77.9 chunks/s at 128, 89.9/s
+# at 512 (bench/RESULTS.md).
 CHUNKS_PER_CALL = 512
 
 
@@ -200,6 +212,7 @@ class RayWork:
     blocks: int
     max_tokens: int  # the chunk budget
     embed_actors: int
+    chunks: int = 0  # to embed, as the driver counted them
 
     @classmethod
     def of(
@@ -216,7 +229,7 @@ class RayWork:
         ]
         calls = math.ceil(chunks / CHUNKS_PER_CALL)
         blocks = max(1, min(len(docs), max(8, calls, text_chars // TEXT_PER_READ_BLOCK)))
-        return cls(items, blocks, max_tokens, embed_actors)
+        return cls(items, blocks, max_tokens, embed_actors, chunks)
 
 
 ROWS_PER_MESSAGE = 64  # rows the Ray process sends the writer at once

@@ -68,18 +68,24 @@ class StreamingEmbedder(Protocol):
         ...
 
 
-def encode_batches(embedder: Embedder, batches: Iterable[Sequence[str]]) -> Iterator[Vectors]:
-    """Each batch's vectors, in order: ``embedder.streams`` batches encoding side by side
-    (``StreamingEmbedder``; a few more wait their turn, so a stream never idles while an
-    earlier batch finishes), else one ``encode`` call after another. The first batch runs
-    alone: it sets a local model's tokenizer up for encoding before the streams share it (a
-    fast tokenizer raises "Already borrowed" if its settings change mid-call)."""
+def encode_batches(
+    embedder: Embedder, batches: Iterable[Sequence[str]], *, streams: int | None = None
+) -> Iterator[Vectors]:
+    """Each batch's vectors, in order: ``embedder.streams`` batches (at most ``streams``)
+    encoding side by side (``StreamingEmbedder``; a few more wait their turn, so a stream
+    never idles while an earlier batch finishes), else one ``encode`` call after another. The
+    first batch runs alone: it sets a local model's tokenizer up for encoding before the
+    streams share it (a fast tokenizer raises "Already borrowed" if its settings change
+    mid-call)."""
     batches = iter(batches)
     first = next(batches, None)
     if first is None:
         return
     yield embedder.encode(first)
-    streams = embedder.streams if isinstance(embedder, StreamingEmbedder) else 1
+    if isinstance(embedder, StreamingEmbedder):
+        streams = embedder.streams if streams is None else min(streams, embedder.streams)
+    else:
+        streams = 1
     if streams < 2:
         yield from map(embedder.encode, batches)
         return
@@ -90,19 +96,24 @@ def encode_batches(embedder: Embedder, batches: Iterable[Sequence[str]]) -> Iter
         _set_torch_threads(share)  # this thread's own team: OpenMP keeps it per thread
         return embedder.encode(texts)
 
+    pool = ThreadPoolExecutor(streams, thread_name_prefix="encode")
     waiting: deque[Future[Vectors]] = deque()
     try:
-        with ThreadPoolExecutor(streams, thread_name_prefix="encode") as pool:
-            for texts in batches:
-                if len(waiting) == 2 * streams:
-                    yield waiting.popleft().result()
-                waiting.append(pool.submit(encode_on_stream, texts))
-            while waiting:
+        for texts in batches:
+            if len(waiting) == 2 * streams:
                 yield waiting.popleft().result()
-    finally:
-        for future in waiting:
-            future.cancel()
+            waiting.append(pool.submit(encode_on_stream, texts))
+        while waiting:
+            yield waiting.popleft().result()
+    finally:  # a failed batch or a caller that stops: the batches not started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
         _set_torch_threads(threads)  # torch's default again, for threads started later
+
+
+def stream_count(setting: int, threads: int) -> int:
+    """How many encode calls run side by side on ``threads`` torch threads for the
+    ``EMBEDDING_STREAMS`` ``setting`` (0: one per thread; never more than the threads)."""
+    return max(1, min(setting or threads, threads))
 
 
 def _set_torch_threads(threads: int) -> None:
@@ -245,8 +256,7 @@ class SentenceTransformerEmbedder:
     @property
     def streams(self) -> int:
         """``EMBEDDING_STREAMS`` (0: one per torch thread), at most the caller's threads."""
-        threads = _torch_threads()
-        return max(1, min(self._streams or threads, threads))
+        return stream_count(self._streams, _torch_threads())
 
     async def aencode(self, texts: Sequence[str]) -> Vectors:
         return await asyncio.to_thread(self.encode, texts)

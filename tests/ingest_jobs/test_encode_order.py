@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from foundation.settings import Settings
+from ingest_jobs import ray_executor
 from ingest_jobs.pipeline import (
     DEFER_INDEX_MIN_CHUNKS,
     ENCODE_WINDOW_BATCHES,
@@ -94,8 +95,13 @@ class SideBySideEmbedder(RecordingEmbedder):
 
     streams = 2
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[str] = set()
+
     def encode(self, texts: Sequence[str]) -> Vectors:
         self.calls.append(list(texts))
+        self.threads.add(threading.current_thread().name)
         time.sleep(random.Random(len(texts)).uniform(0, 0.02))
         return np.stack([_vector_of(text) for text in texts])
 
@@ -116,16 +122,21 @@ class RecordStore(MemoryStore):
         return await super().write_documents(docs)
 
 
-async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
-    tmp_path: Path,
-) -> None:
-    root = tmp_path / "docs"
+def _pages_of_several_chunks(root: Path) -> None:
     root.mkdir()
     for i in range(40):  # several chunks a page, of different lengths
         sections = [
             f"## Part {j}\n\n" + f"page {i} part {j} says " * (3 + (i + j) % 20) for j in range(3)
         ]
         (root / f"page{i:02d}.md").write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+
+
+async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_executor, "STREAMS_MIN_CHUNKS", 100)  # streams for ~120 chunks
+    root = tmp_path / "docs"
+    _pages_of_several_chunks(root)
     embedder, store = SideBySideEmbedder(), RecordStore()
     settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
     options = IngestOptions(roots=[(root, [])], executor="local", batch_size=2, max_tokens=40)
@@ -133,6 +144,7 @@ async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
     report = await run_ingest(store, settings, options, embedder=embedder)  # type: ignore[arg-type]
 
     assert report.new == 40 and len(embedder.calls) > 4  # many windows, two at a time
+    assert len(embedder.threads) == 3  # the first window on the feed's thread, then 2 streams
     chunks = [chunk for record in store.records for chunk in record.chunks]
     assert len(chunks) >= 120
     for chunk in chunks:
@@ -187,3 +199,17 @@ def test_a_consumer_that_stops_early_stops_the_producer() -> None:
 
     assert stopped.wait(timeout=5)
     assert len(produced) <= 3  # one handed over, one queued, one waiting to be
+
+
+async def test_a_small_run_encodes_one_window_at_a_time(tmp_path: Path) -> None:
+    """Below ``STREAMS_MIN_CHUNKS`` the lone first and last windows cost more than streams
+    save: every window on one thread."""
+    root = tmp_path / "docs"
+    _pages_of_several_chunks(root)
+    embedder = SideBySideEmbedder()
+    settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
+    options = IngestOptions(roots=[(root, [])], executor="local", batch_size=2, max_tokens=40)
+
+    report = await run_ingest(RecordStore(), settings, options, embedder=embedder)  # type: ignore[arg-type]
+
+    assert report.new == 40 and len(embedder.calls) > 4 and len(embedder.threads) == 1

@@ -5,6 +5,7 @@ batches encoded side by side give the rows one call each would."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from retrieval.embedders import (
     build_embedder,
     encode_batches,
     native_bfloat16,
+    stream_count,
 )
 
 TEXTS = [
@@ -188,3 +190,27 @@ def test_an_embedder_without_streams_encodes_one_batch_after_another() -> None:
 
     out = list(encode_batches(Plain(), iter([["a"], ["b", "c"]])))
     assert [rows.shape for rows in out] == [(1, 2), (2, 2)] and calls == [["a"], ["b", "c"]]
+
+
+def test_a_caller_that_stops_early_drops_the_batches_not_started() -> None:
+    encoded: list[str] = []
+
+    class Slow:
+        name, dim, max_tokens, streams = "slow", 2, 8, 2
+
+        def count_tokens(self, text: str) -> int:
+            return len(text)
+
+        def encode(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+            time.sleep(0.05)
+            encoded.extend(texts)
+            return np.ones((len(texts), 2), dtype=np.float32)
+
+        async def aencode(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+            return self.encode(texts)
+
+    batches = encode_batches(Slow(), ([f"batch {n}"] for n in range(40)))
+    assert [next(batches).shape for _ in range(3)] == [(1, 2)] * 3
+    batches.close()
+    assert len(encoded) < 10  # the first, two streams' worth and their queue at most
+    assert stream_count(0, 2) == 2 and stream_count(1, 2) == 1 and stream_count(4, 2) == 2
