@@ -178,17 +178,15 @@ async def measure(
         calls side by side); ``in_order``: batches cut in file order, one after another
         (what the pipelines did before they sorted)."""
         model.encode(texts[:64])  # warm-up
+        streams: int | None
         if in_order:
-            step = settings.embedding_batch_size
-            start = time.perf_counter()
-            for i in range(0, len(texts), step):
-                model.encode(texts[i : i + step])
-            return time.perf_counter() - start
-        ordered = sorted(texts, key=len)
-        step = SORTED_CALL_TEXTS
+            ordered, step, streams = texts, settings.embedding_batch_size, 1
+        else:
+            ordered, step = sorted(texts, key=len), SORTED_CALL_TEXTS
+            streams = None if streams_pay(len(texts)) else 1
         calls = [ordered[i : i + step] for i in range(0, len(texts), step)]
         start = time.perf_counter()
-        for _ in encode_batches(model, calls, streams=None if streams_pay(len(texts)) else 1):
+        for _ in encode_batches(model, calls, streams=streams):
             pass
         return time.perf_counter() - start
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from foundation.settings import Settings
 from ingest_jobs.sources import PreparedSource, chunk_rows, read_body, token_counter
-from retrieval.embedders import build_embedder, stream_count
+from retrieval.embedders import build_embedder, set_torch_threads, stream_count
 from retrieval.search import embedding_input
 
 
@@ -46,9 +46,7 @@ class _ChunkEmbedActor:
         os.environ.update(settings_env)
         # Ray sets OMP_NUM_THREADS to the actor's CPU request (1), which halves torch's encode
         # rate on 2 cores; the actors share the machine's cores between them instead.
-        import torch
-
-        torch.set_num_threads(threads)
+        set_torch_threads(threads)
         self.embedder = build_embedder(load_settings())
         self.count_tokens = token_counter(tokenizer_path)
         self.budget = budget
@@ -58,9 +56,7 @@ class _ChunkEmbedActor:
         self.embedder.encode(["warm-up"])  # the tokenizer set up before calls share it
 
     def __call__(self, batch: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        import torch
-
-        torch.set_num_threads(self.call_threads)  # this calling thread's own OpenMP team
+        set_torch_threads(self.call_threads)  # Ray Data calls on threads of its own
         rows: list[dict[str, Any]] = []
         for source, path, content_hash in zip(
             batch["source"], batch["path"], batch["content_hash"], strict=True

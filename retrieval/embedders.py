@@ -93,7 +93,7 @@ def encode_batches(
     share = max(1, threads // streams)
 
     def encode_on_stream(texts: Sequence[str]) -> Vectors:
-        _set_torch_threads(share)  # this thread's own team: OpenMP keeps it per thread
+        set_torch_threads(share)  # this thread's own team: OpenMP keeps it per thread
         return embedder.encode(texts)
 
     pool = ThreadPoolExecutor(streams, thread_name_prefix="encode")
@@ -107,7 +107,7 @@ def encode_batches(
             yield waiting.popleft().result()
     finally:  # a failed batch or a caller that stops: the batches not started are dropped
         pool.shutdown(wait=True, cancel_futures=True)
-        _set_torch_threads(threads)  # torch's default again, for threads started later
+        set_torch_threads(threads)  # torch's default again, for threads started later
 
 
 def stream_count(setting: int, threads: int) -> int:
@@ -116,7 +116,8 @@ def stream_count(setting: int, threads: int) -> int:
     return max(1, min(setting or threads, threads))
 
 
-def _set_torch_threads(threads: int) -> None:
+def set_torch_threads(threads: int) -> None:
+    """Torch's intra-op threads for the calling thread (OpenMP keeps a team per thread)."""
     import torch
 
     torch.set_num_threads(threads)
