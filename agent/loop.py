@@ -70,7 +70,7 @@ from agent.llm.base import (
     TextDelta,
     ToolCall,
 )
-from agent.planning import Plan, Planner, hop_request
+from agent.planning import Plan, Planner, documentation_tools, hop_request
 from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend, tool_started, with_heartbeat
 from agent.prompts import (
     IDK_MARKER,
@@ -180,22 +180,36 @@ class Agent:
     # --- public API ---------------------------------------------------------------------------
 
     async def warm_up(self) -> bool:
-        """Read the static prompt prefix (system prompt, tool schemas, examples) into the model
-        server's prompt cache with a one-token reply, so the first question does not pay for
-        it (about 1,600 tokens: 40-80 s on two cores). Only where the loop plans first (the
-        local model in ``json_schema`` mode): a provider that bills prompt tokens is not
-        called. False when skipped or when the model did not answer."""
+        """Read the static prompt prefixes (the whole system prompt with its tool list and
+        examples, and the short answer prompts of the routes searched up front) into the
+        model server's prompt cache with a one-token reply each, so the first question does
+        not pay for them (about 1,600, 400 and 750 tokens: 60-100 s on two cores). Only
+        where the loop plans first (the local model in ``json_schema`` mode): a provider
+        that bills prompt tokens is not called. False when skipped or when the model did
+        not answer."""
         if not self.plans_first:
             return False
-        system = Message("system", self.prompt.render(self.mode, self.tools.specs()))
-        request = ChatRequest(messages=(system, Message("user", "Hello!")), max_output_tokens=1)
-        try:
-            await self.llm.chat(request)
-        except MalformedReply:
-            pass  # one token is never a whole step; the prefix is cached all the same
-        except LLMError as exc:
-            log.info("prompt warm-up: the model did not answer (%s)", exc)
-            return False
+        specs = self.tools.specs()
+        # The whole prompt first (a question asked while the warm-up runs most likely needs
+        # it), then the answer prompts of the documentation and "both" routes; the server's
+        # prompt cache keeps every prefix.
+        prompts = (
+            self.prompt.render(self.mode, specs),
+            self.prompt.render_answer(self.mode, documentation_tools(specs)),
+            self.prompt.render_answer(self.mode, specs, live=True),
+        )
+        for prompt in prompts:
+            if prompt is None:
+                continue
+            system = Message("system", prompt)
+            request = ChatRequest(messages=(system, Message("user", "Hello!")), max_output_tokens=1)
+            try:
+                await self.llm.chat(request)
+            except MalformedReply:
+                pass  # one token is never a whole step; the prefix is cached all the same
+            except LLMError as exc:
+                log.info("prompt warm-up: the model did not answer (%s)", exc)
+                return False
         return True
 
     async def answer(
@@ -345,6 +359,8 @@ class Agent:
                     for composed_event in composed:
                         yield composed_event
                     return
+            if plan is not None:
+                self._use_route_prompt(run, plan)
         for hop in range(1, self.max_hops + 1):
             with trace.hop(hop) as hop_ctx:
                 reply: ChatResult | LLMError | None = None
@@ -409,6 +425,17 @@ class Agent:
         if not streaming:
             return [done]
         return [TokenEvent(text=text), *(CitationEvent(citation=c) for c in citations), done]
+
+    def _use_route_prompt(self, run: Run, plan: Plan) -> None:
+        """A route the service searched up front (documentation, both) reads the short
+        answer prompt for its tools (a cached prefix of its own) instead of the whole one:
+        the search is done and mostly the answer is left to the model."""
+        if not plan.decision.wants_docs:
+            return
+        live = plan.decision.wants_live
+        system = self.prompt.render_answer(self.mode, plan.tools, live=live)
+        if system is not None:
+            run.messages[0] = Message("system", system)
 
     @property
     def plans_first(self) -> bool:

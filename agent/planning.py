@@ -68,7 +68,14 @@ from agent.tools.registry import ToolOutcome
 from agent.tools.twin import MAX_OCCUPANCY_ROOMS
 from retrieval.search import SearchHit
 
-__all__ = ["MAX_GROUNDED", "Plan", "Planner", "compact_hits", "hop_request"]
+__all__ = [
+    "MAX_GROUNDED",
+    "Plan",
+    "Planner",
+    "compact_hits",
+    "documentation_tools",
+    "hop_request",
+]
 
 MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
 DOC_HITS_SHOWN = 3  # chunks of the up-front search the model sees
@@ -507,7 +514,7 @@ class Planner:
         if decision.route == "greeting":
             return ()
         if decision.route == "documentation":
-            return tuple(spec for spec in specs if spec.name == "search_docs")
+            return documentation_tools(specs)
         if decision.route in ("live_data", "open"):
             # open: the service's search with the whole question already matched poorly; a
             # second search by the small model found weak chunks it answered from anyway
@@ -515,6 +522,11 @@ class Planner:
             # does not know, or use the live-data tools.
             return tuple(spec for spec in specs if spec.name != "search_docs")
         return tuple(specs)
+
+
+def documentation_tools(specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """What a documentation route offers the model: another search, nothing live."""
+    return tuple(spec for spec in specs if spec.name == "search_docs")
 
 
 def hop_request(

@@ -66,6 +66,7 @@ __all__ = [
     "constrain_arguments",
     "parse_step",
     "prior_tool_calls",
+    "render_tool_list",
     "render_tool_prompt",
     "response_format",
     "source_markers",
@@ -336,11 +337,16 @@ def render_tool_prompt(
     tool subset never shows a forbidden tool."""
     lines = list(_STEP_FORMAT)
     if tools:
-        lines += ["", "Tools:", *(_tool_line(tool) for tool in tools)]
+        lines += ["", render_tool_list(tools)]
     shown = [_example_line(example) for example in _examples(tools, examples, more)]
     if shown:
         lines += ["", "Examples:", *shown]
     return "\n".join(lines)
+
+
+def render_tool_list(tools: Sequence[ToolSpec]) -> str:
+    """``Tools:`` and one line per tool (its signature and description); empty for none."""
+    return "\n".join(["Tools:", *(_tool_line(tool) for tool in tools)]) if tools else ""
 
 
 def _tool_line(tool: ToolSpec) -> str:

@@ -329,8 +329,8 @@ async def test_native_mode_keeps_the_plain_loop_by_default(make_local_agent: Any
     assert len(requests[0].tools) == 8
 
 
-async def test_warm_up_sends_the_static_prefix_once_with_a_one_token_reply(
-    make_local_agent: Any,
+async def test_warm_up_sends_each_static_prefix_once_with_a_one_token_reply(
+    make_local_agent: Any, retriever: FakeRetriever
 ) -> None:
     requests: list[ChatRequest] = []
 
@@ -343,19 +343,47 @@ async def test_warm_up_sends_the_static_prefix_once_with_a_one_token_reply(
     asked: list[ChatRequest] = []
 
     assert await agent.warm_up() is True
-    (request,) = requests
-    assert request.max_output_tokens == 1
-    assert [m.role for m in request.messages] == ["system", "user"]
+    whole_prefix, docs_prefix, both_prefix = requests
+    both = both_prefix.messages[0].content or ""
+    assert "get_room_occupancy" in both  # "both" offers every tool, in its short prompt
+    assert len(both) < len(whole_prefix.messages[0].content or "") * 0.6
+    for request in requests:
+        assert request.max_output_tokens == 1
+        assert [m.role for m in request.messages] == ["system", "user"]
 
-    # The same system message a question gets, so the server's prompt cache serves both.
-    def answer_hello(request: ChatRequest) -> ChatResult:
+    # The same system messages questions get, so the server's prompt cache serves them:
+    # the whole prompt for a greeting, the short one for a documentation question.
+    def answer(request: ChatRequest) -> ChatResult:
         asked.append(request)
-        return text_reply("Hello!")
+        return text_reply("It defaults to 900 seconds.")
 
-    answer_model = FunctionModel(answer_hello, tool_calling_mode="json_schema")
+    answer_model = FunctionModel(answer, tool_calling_mode="json_schema")
     answering = make_local_agent(answer_model, plan_first="auto", compose_answers=False)
     await answering.answer("Hello!", ACME_STAFF)
-    assert asked[0].messages[0] == request.messages[0]
+    retriever.hits = [hit("c-stale", "SENSOR_STALE_AFTER_SECONDS defaults to 900 seconds.")]
+    await answering.answer("What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF)
+    assert [request.messages[0] for request in asked] == [
+        whole_prefix.messages[0],
+        docs_prefix.messages[0],
+    ]
+
+
+async def test_a_documentation_route_reads_the_short_answer_prompt(
+    make_local_agent: Any, retriever: FakeRetriever
+) -> None:
+    """Its search is done: the model reads the answer rules and one tool, not the live-data
+    tools and their examples (a fifth of the prompt: faster to read after, and to write)."""
+    retriever.hits = [hit("c-stale", "SENSOR_STALE_AFTER_SECONDS defaults to 900 seconds.")]
+    model = json_model(text_reply("It defaults to 900 seconds. [^c-stale]"), text_reply("Hi!"))
+    agent = planned(make_local_agent, model)
+
+    await agent.answer("What is the default of SENSOR_STALE_AFTER_SECONDS?", ACME_STAFF)
+    await agent.answer("Hello!", ACME_STAFF)
+
+    docs, greeting = (request.messages[0].content or "" for request in model.requests)
+    assert "search_docs(query: string)" in docs and "get_room_occupancy" not in docs
+    assert "get_room_occupancy" in greeting
+    assert len(docs) < len(greeting) / 3
 
 
 async def test_warm_up_never_calls_a_provider_in_native_mode(make_local_agent: Any) -> None:

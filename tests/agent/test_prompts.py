@@ -165,3 +165,16 @@ def test_decline_text_starts_with_the_marker() -> None:
 def test_marker_detection(text: str | None, idk: bool, refusal: bool) -> None:
     assert is_idk(text) is idk
     assert is_refusal(text) is refusal
+
+
+def test_the_documentation_answer_prompt_is_json_schema_only_and_lists_the_offered_tools() -> None:
+    prompt = load_system_prompt("v1")
+    specs = build_default_registry().specs()
+    search = [spec for spec in specs if spec.name == "search_docs"]
+    text = prompt.render_answer("json_schema", search)
+    assert text is not None and "{{" not in text
+    assert "- search_docs(query: string):" in text and "get_room" not in text
+    assert '"idk": true' in text and '"decline": true' in text
+    assert prompt.render_answer("native", search) is None  # a provider reads it all
+    # A version without answer_<version>.md: documentation routes read the whole prompt.
+    assert load_system_prompt("v2").render_answer("json_schema", search) is None
