@@ -70,7 +70,7 @@ from agent.llm.base import (
     TextDelta,
     ToolCall,
 )
-from agent.planning import Plan, Planner, documentation_tools, hop_request
+from agent.planning import Plan, Planner, hop_request, offered_tools
 from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend, tool_started, with_heartbeat
 from agent.prompts import (
     IDK_MARKER,
@@ -183,7 +183,7 @@ class Agent:
         """Read the static prompt prefixes (the whole system prompt with its tool list and
         examples, and the short answer prompts of the routes searched up front) into the
         model server's prompt cache with a one-token reply each, so the first question does
-        not pay for them (about 1,600, 400 and 750 tokens: 60-100 s on two cores). Only
+        not pay for them (about 1,600, 470 and 860 tokens: ~45 s on two cores). Only
         where the loop plans first (the local model in ``json_schema`` mode): a provider
         that bills prompt tokens is not called. False when skipped or when the model did
         not answer."""
@@ -195,8 +195,8 @@ class Agent:
         # prompt cache keeps every prefix.
         prompts = (
             self.prompt.render(self.mode, specs),
-            self.prompt.render_answer(self.mode, documentation_tools(specs)),
-            self.prompt.render_answer(self.mode, specs, live=True),
+            self.prompt.render_answer(self.mode, offered_tools("documentation", specs)),
+            self.prompt.render_answer(self.mode, offered_tools("both", specs), live=True),
         )
         for prompt in prompts:
             if prompt is None:

@@ -50,6 +50,7 @@ from agent.prompts import IDK_MARKER
 from agent.reference import compose_reference
 from agent.routing import (
     DOC_SIMILARITY,
+    Route,
     RouteDecision,
     RouteSignals,
     best_coverage,
@@ -73,8 +74,8 @@ __all__ = [
     "Plan",
     "Planner",
     "compact_hits",
-    "documentation_tools",
     "hop_request",
+    "offered_tools",
 ]
 
 MAX_GROUNDED = 2  # named buildings resolved up front (their rooms go to the model)
@@ -343,7 +344,7 @@ class Planner:
         searched = question if rewrite is not None and rewrite.rewritten else None
         self._flush(run, asked, decision, searched)
         answer = self._composed(question, signals, decision)
-        yield Plan(decision, self._offered(decision, specs), answer=answer, rewrite=rewrite)
+        yield Plan(decision, offered_tools(decision.route, specs), answer=answer, rewrite=rewrite)
 
     async def _rewrite(
         self, run: Run, question: str, buildings: Sequence[NamedEntity]
@@ -509,24 +510,21 @@ class Planner:
         visible = dataclasses.replace(search, chunks=tuple(shown))
         return self._record(run, visible, compact_hits(question, shown, labels))
 
-    @staticmethod
-    def _offered(decision: RouteDecision, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
-        if decision.route == "greeting":
-            return ()
-        if decision.route == "documentation":
-            return documentation_tools(specs)
-        if decision.route in ("live_data", "open"):
-            # open: the service's search with the whole question already matched poorly; a
-            # second search by the small model found weak chunks it answered from anyway
-            # ("switch to dark mode under Settings > Appearance"), so it may decline, say it
-            # does not know, or use the live-data tools.
-            return tuple(spec for spec in specs if spec.name != "search_docs")
-        return tuple(specs)
 
-
-def documentation_tools(specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
-    """What a documentation route offers the model: another search, nothing live."""
-    return tuple(spec for spec in specs if spec.name == "search_docs")
+def offered_tools(route: Route, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """The tools a route offers the model (the warm-up reads the answer prompts built from
+    them: ``Agent.warm_up``)."""
+    if route == "greeting":
+        return ()
+    if route == "documentation":  # another search, nothing live
+        return tuple(spec for spec in specs if spec.name == "search_docs")
+    if route in ("live_data", "open"):
+        # open: the service's search with the whole question already matched poorly; a
+        # second search by the small model found weak chunks it answered from anyway
+        # ("switch to dark mode under Settings > Appearance"), so it may decline, say it
+        # does not know, or use the live-data tools.
+        return tuple(spec for spec in specs if spec.name != "search_docs")
+    return tuple(specs)
 
 
 def hop_request(

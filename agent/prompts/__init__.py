@@ -80,8 +80,9 @@ class SystemPrompt:
     rules: dict[str, dict[str, str]]
     examples: tuple[ExampleItem, ...]
     more_tool_examples: tuple[WorkedExample, ...] = ()
-    # ``answer_<version>.md``: the short system message of a documentation route's
-    # model call in json_schema mode (None: that call reads the whole prompt).
+    # ``answer_<version>.md``: the short system message of a route the service searched up
+    # front, in json_schema mode (None: those routes read the whole prompt); answer_tasks:
+    # its opening sentence per kind of route (``modes_<version>.json``).
     answer_template: str | None = None
     answer_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
 
