@@ -562,3 +562,7 @@ async def test_a_close_page_about_a_named_building_makes_it_both(
     shown = [c.name for c in answer.tool_calls]
     assert ("search_docs" in shown) is (route == "both")
     assert "get_building" in shown  # the building is grounded either way
+    # both reads the short answer prompt with every tool; live data the whole prompt
+    system = model.requests[0].messages[0].content or ""
+    assert "get_room_occupancy" in system
+    assert ("Examples:\nHello!" in system) is (route == "live_data")

@@ -178,3 +178,15 @@ def test_the_documentation_answer_prompt_is_json_schema_only_and_lists_the_offer
     assert prompt.render_answer("native", search) is None  # a provider reads it all
     # A version without answer_<version>.md: documentation routes read the whole prompt.
     assert load_system_prompt("v2").render_answer("json_schema", search) is None
+
+
+def test_the_two_answer_prompts_open_differently() -> None:
+    """llama.cpp keeps a slot's prompt that shares most of a new prompt's start (reading the
+    rest again) instead of restoring the full match from its RAM cache: the documentation
+    and the live answer prompts must part within their first words."""
+    prompt = load_system_prompt("v1")
+    specs = build_default_registry().specs()
+    docs = prompt.render_answer("json_schema", specs) or ""
+    live = prompt.render_answer("json_schema", specs, live=True) or ""
+    shared = next(i for i, (a, b) in enumerate(zip(docs, live, strict=False)) if a != b)
+    assert shared < 40
