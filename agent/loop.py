@@ -69,6 +69,7 @@ from agent.llm.base import (
     Message,
     TextDelta,
     ToolCall,
+    ToolSpec,
 )
 from agent.planning import Plan, Planner, hop_request, offered_tools
 from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend, tool_started, with_heartbeat
@@ -79,6 +80,7 @@ from agent.prompts import (
     is_idk,
     load_system_prompt,
 )
+from agent.routing import Route
 from agent.run_state import Run, citation_out, tool_trace
 from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.usage import PriceTable, RunUsage, default_price_table
@@ -193,14 +195,8 @@ class Agent:
         # The whole prompt first (a question asked while the warm-up runs most likely needs
         # it), then the answer prompts of the documentation and "both" routes; the server's
         # prompt cache keeps every prefix.
-        prompts = (
-            self.prompt.render(self.mode, specs),
-            self.prompt.render_answer(self.mode, offered_tools("documentation", specs)),
-            self.prompt.render_answer(self.mode, offered_tools("both", specs), live=True),
-        )
-        for prompt in prompts:
-            if prompt is None:
-                continue
+        routes: tuple[Route, ...] = ("live_data", "documentation", "both")
+        for prompt in dict.fromkeys(self._system_prompt(route, specs) for route in routes):
             system = Message("system", prompt)
             request = ChatRequest(messages=(system, Message("user", "Hello!")), max_output_tokens=1)
             try:
@@ -359,8 +355,8 @@ class Agent:
                     for composed_event in composed:
                         yield composed_event
                     return
-            if plan is not None:
-                self._use_route_prompt(run, plan)
+            if plan is not None and plan.decision.wants_docs:
+                run.messages[0] = Message("system", self._system_prompt(plan.decision.route, specs))
         for hop in range(1, self.max_hops + 1):
             with trace.hop(hop) as hop_ctx:
                 reply: ChatResult | LLMError | None = None
@@ -426,16 +422,17 @@ class Agent:
             return [done]
         return [TokenEvent(text=text), *(CitationEvent(citation=c) for c in citations), done]
 
-    def _use_route_prompt(self, run: Run, plan: Plan) -> None:
-        """A route the service searched up front (documentation, both) reads the short
-        answer prompt for its tools (a cached prefix of its own) instead of the whole one:
-        the search is done and mostly the answer is left to the model."""
-        if not plan.decision.wants_docs:
-            return
-        live = plan.decision.wants_live
-        system = self.prompt.render_answer(self.mode, plan.tools, live=live)
-        if system is not None:
-            run.messages[0] = Message("system", system)
+    def _system_prompt(self, route: Route, specs: Sequence[ToolSpec]) -> str:
+        """The system message a planned route's model calls read (and the warm-up caches): a
+        route the service searched up front (documentation, both) reads the short answer
+        prompt for its tools, a cached prefix of its own, since the search is done and
+        mostly the answer is left to the model; every other route the whole prompt."""
+        if route in ("documentation", "both"):
+            tools = offered_tools(route, specs)
+            answer = self.prompt.render_answer(self.mode, tools, live=route == "both")
+            if answer is not None:
+                return answer
+        return self.prompt.render(self.mode, specs)
 
     @property
     def plans_first(self) -> bool:
