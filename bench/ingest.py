@@ -49,7 +49,7 @@ from ingest_jobs.pipeline import (
     effective_max_tokens,
     run_ingest,
 )
-from ingest_jobs.ray_executor import start_ray, streams_pay
+from ingest_jobs.ray_executor import start_ray
 from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
 from retrieval.embedders import (
     Embedder,
@@ -57,6 +57,7 @@ from retrieval.embedders import (
     build_embedder,
     encode_batches,
     resolve_local_model,
+    streams_pay,
 )
 from retrieval.search import embedding_input
 from retrieval.store import PgDocumentStore

@@ -36,7 +36,7 @@ from opentelemetry import context as otel_context
 from foundation.observability import attributes as attr
 from foundation.observability.spans import tracer
 from foundation.settings import Settings
-from ingest_jobs.ray_executor import RayWork, iter_ray_isolated, streams_pay
+from ingest_jobs.ray_executor import RayWork, iter_ray_isolated
 from ingest_jobs.sources import (
     PreparedSource,
     SkippedSource,
@@ -47,7 +47,13 @@ from ingest_jobs.sources import (
     read_body,
     token_counter,
 )
-from retrieval.embedders import Embedder, build_embedder, encode_batches, resolve_local_model
+from retrieval.embedders import (
+    Embedder,
+    build_embedder,
+    encode_batches,
+    resolve_local_model,
+    streams_pay,
+)
 from retrieval.search import embedding_input
 from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore, VectorIndexOwner
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from foundation.settings import Settings
 from ingest_jobs.sources import PreparedSource, chunk_rows, read_body, token_counter
-from retrieval.embedders import build_embedder, set_torch_threads, stream_count
+from retrieval.embedders import build_embedder, set_torch_threads, stream_count, streams_pay
 from retrieval.search import embedding_input
 
 
@@ -173,18 +173,6 @@ def iter_ray(
         num_cpus=min(1.0, settings.ingest_cpus / (work.embed_actors + 1)),
     )
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
-
-
-# Encode streams pay from about this many chunks to embed: a run's first call and its last
-# each encode alone (the first sets the tokenizer up; the last has no partner), which costs
-# ~1-2 s on 2 cores, and streams save ~13% of the encode (bench/RESULTS.md, "Encode streams":
-# the 26 sample pages took 8.8 s with them against 7.3 s without).
-STREAMS_MIN_CHUNKS = 2_000
-
-
-def streams_pay(chunks: int) -> bool:
-    """Whether a run that embeds ``chunks`` chunks encodes them in streams."""
-    return chunks >= STREAMS_MIN_CHUNKS
 
 
 TEXT_PER_READ_BLOCK = 4 * 1024 * 1024  # characters of page text per block

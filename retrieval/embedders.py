@@ -110,6 +110,18 @@ def encode_batches(
         set_torch_threads(threads)  # torch's default again, for threads started later
 
 
+# Encode streams pay from about this many chunks to embed: a run's first call and its last
+# each encode alone (the first sets the tokenizer up; the last has no partner), which costs
+# ~1-2 s on 2 cores, and streams save ~13% of the encode (bench/RESULTS.md, "Encode streams":
+# the 26 sample pages took 8.8 s with them against 7.3 s without).
+STREAMS_MIN_CHUNKS = 2_000
+
+
+def streams_pay(chunks: int) -> bool:
+    """Whether a run that embeds ``chunks`` chunks encodes them in streams."""
+    return chunks >= STREAMS_MIN_CHUNKS
+
+
 def stream_count(setting: int, threads: int) -> int:
     """How many encode calls run side by side on ``threads`` torch threads for the
     ``EMBEDDING_STREAMS`` ``setting`` (0: one per thread; never more than the threads)."""

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from foundation.settings import Settings
-from ingest_jobs import ray_executor
 from ingest_jobs.pipeline import (
     DEFER_INDEX_MIN_CHUNKS,
     ENCODE_WINDOW_BATCHES,
@@ -23,6 +22,7 @@ from ingest_jobs.pipeline import (
     defer_vector_index,
     run_ingest,
 )
+from retrieval import embedders
 from retrieval.embedders import Vectors
 from retrieval.search import embedding_input
 from retrieval.store import DocumentRecord, StoredDocument, WriteOutcome
@@ -134,7 +134,7 @@ def _pages_of_several_chunks(root: Path) -> None:
 async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ray_executor, "STREAMS_MIN_CHUNKS", 100)  # streams for ~120 chunks
+    monkeypatch.setattr(embedders, "STREAMS_MIN_CHUNKS", 100)  # streams for ~120 chunks
     root = tmp_path / "docs"
     _pages_of_several_chunks(root)
     embedder, store = SideBySideEmbedder(), RecordStore()
