@@ -76,9 +76,11 @@ class LocalLLMSettings:
     ``draft_tokens``: ``LOCAL_LLM_DRAFT_TOKENS``, prompt-lookup speculative decoding: up to
     this many tokens drafted from an n-gram of the context that the reply repeats (answers
     copy phrases of the documentation and the JSON step's skeleton), verified in one batch;
-    0 turns it off. The output is the same as without it (drafts are only accepted where the
-    model would have chosen them). Off by default: on 2 cores it was slower (8 drafted
-    tokens: 12.3-34.2 s against 5.8-30.4 s for the same four documentation questions).
+    0 turns it off. Drafts are only accepted where the model would have chosen them, but a
+    batch's numerics can tip a close choice (2 of 15 documentation replies came out
+    different, 2026-12-05). Off by default: on 2 cores it gains nothing (8 drafted tokens:
+    12.3-34.2 s against 5.8-30.4 s for four documentation questions; 3: golden p95 at
+    concurrency 4 30.0 s against 29.1 s without).
     """
 
     home: Path = DEFAULT_HOME
