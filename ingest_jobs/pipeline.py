@@ -18,13 +18,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +46,7 @@ from opentelemetry import context as otel_context
 from foundation.observability import attributes as attr
 from foundation.observability.spans import tracer
 from foundation.settings import Settings
-from ingest_jobs.ray_executor import RayWork, iter_ray_isolated
+from ingest_jobs.ray_executor import RayChild, RayWork, start_ray_child
 from ingest_jobs.sources import (
     PreparedSource,
     SkippedSource,
@@ -55,7 +65,13 @@ from retrieval.embedders import (
     streams_pay,
 )
 from retrieval.search import embedding_input
-from retrieval.store import ChunkRecord, DocumentRecord, DocumentStore, VectorIndexOwner
+from retrieval.store import (
+    ChunkRecord,
+    DocumentRecord,
+    DocumentStore,
+    StoredDocument,
+    VectorIndexOwner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +231,80 @@ def mean_input_chars(rows: Sequence[dict[str, Any]]) -> float:
     in this order (shortest first), so each encode call holds texts of similar lengths and
     pads little (``ENCODE_WINDOW_BATCHES``)."""
     return sum(len(embedding_input(r["section"], r["text"])) for r in rows) / max(1, len(rows))
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """A source to embed, as the driver counted it (its text dropped)."""
+
+    doc: PreparedSource
+    chunks: int
+    mean_chars: float  # ``mean_input_chars``: the order documents go to the executors in
+    text_chars: int
+
+
+def _survey(
+    file: SourceFile,
+    *,
+    counter: Callable[[str], int],
+    stored: Mapping[str, StoredDocument],
+    embedder_name: str,
+    max_tokens: int,
+) -> _Counted | SkippedSource | None:
+    """One source read, hashed and, when it changed, chunked to count: None if unchanged."""
+    prepared = prepare(file, embedder_name=embedder_name, max_tokens=max_tokens)
+    if isinstance(prepared, SkippedSource):
+        return prepared
+    old = stored.get(prepared.source)
+    if old is not None and old.fingerprint == prepared.fingerprint:
+        return None
+    rows = chunk_rows(prepared, counter, max_tokens) if prepared.body.strip() else []
+    light = dataclasses.replace(prepared, body="")
+    return _Counted(light, len(rows), mean_input_chars(rows), len(prepared.body))
+
+
+@dataclass
+class _Counts:
+    """What needs writing, as the driver counted it (texts dropped: memory holds one
+    document's text at a time, not the corpus; the executors read each file again and check
+    it is the one hashed here)."""
+
+    pending: dict[str, PreparedSource] = field(default_factory=dict)  # to embed, by source
+    lengths: dict[str, float] = field(default_factory=dict)  # source -> ``mean_input_chars``
+    empty: list[PreparedSource] = field(default_factory=list)  # no chunks: never embedded
+    chunks: int = 0
+    text_chars: int = 0
+
+    @classmethod
+    def of(
+        cls, surveyed: Iterable[_Counted | SkippedSource | None], report: IngestReport
+    ) -> _Counts:
+        """The sources ``_survey`` found; skipped and unchanged ones are counted in ``report``."""
+        counts = cls()
+        for found in surveyed:
+            if isinstance(found, SkippedSource):
+                report.skipped += 1
+                report.skip_reasons.append(found.reason)
+                log.warning("%s", found.reason)
+            elif found is None:
+                report.unchanged += 1
+            elif found.chunks:
+                counts.chunks += found.chunks
+                counts.text_chars += found.text_chars
+                counts.pending[found.doc.source] = found.doc
+                counts.lengths[found.doc.source] = found.mean_chars
+            else:
+                counts.empty.append(found.doc)
+        return counts
+
+    def in_order(self) -> list[PreparedSource]:
+        """The documents to embed, shortest first (``mean_input_chars``)."""
+        return sorted(self.pending.values(), key=lambda doc: (self.lengths[doc.source], doc.source))
+
+    def ray_work(self, options: IngestOptions) -> RayWork:
+        return RayWork.of(
+            self.in_order(), self.chunks, self.text_chars, options.max_tokens, options.embed_actors
+        )
 
 
 def _text(doc: PreparedSource) -> str:
@@ -430,6 +520,27 @@ def _record(doc: PreparedSource, rows: list[dict[str, Any]]) -> DocumentRecord:
     )
 
 
+@contextlib.contextmanager
+def _ray_child_ahead(
+    options: IngestOptions,
+    settings: Settings,
+    tokenizer_path: str | None,
+    files: Sequence[SourceFile],
+) -> Iterator[RayChild | None]:
+    """The Ray pipeline's process, started before the corpus is counted when the run is sure
+    to go to Ray (``--executor ray``, or ``auto`` on a running cluster) and has sources; ended
+    at the block's exit if its rows were never asked for (nothing changed)."""
+    ray_sure = options.executor == "ray" or (
+        options.executor == "auto" and choose_executor("auto", 0, settings) == "ray"
+    )
+    child = start_ray_child(settings, tokenizer_path) if ray_sure and files else None
+    try:
+        yield child
+    finally:
+        if child is not None:
+            child.close()
+
+
 async def run_ingest(
     store: DocumentStore,
     settings: Settings,
@@ -482,92 +593,81 @@ async def _run_ingest(
         else None
     )
     counter = token_counter(tokenizer_path)
-    # The text is dropped once counted: memory holds one document's text, not the corpus
-    # (the executors read each file again, and check it is the one hashed here).
-    pending: dict[str, PreparedSource] = {}
-    lengths: dict[str, float] = {}  # pending source -> mean characters its chunks embed
-    empty: list[PreparedSource] = []  # no chunks (an empty page): never reach the executors
-    chunks = text_chars = 0
-    for file in files:
-        prepared = prepare(file, embedder_name=embedder_name, max_tokens=options.max_tokens)
-        if isinstance(prepared, SkippedSource):
-            report.skipped += 1
-            report.skip_reasons.append(prepared.reason)
-            log.warning("%s", prepared.reason)
-            continue
-        old = stored.get(prepared.source)
-        if old is not None and old.fingerprint == prepared.fingerprint:
-            report.unchanged += 1
-            continue
-        rows = chunk_rows(prepared, counter, options.max_tokens) if prepared.body.strip() else []
-        chunks += len(rows)
-        text_chars += len(prepared.body)
-        light = dataclasses.replace(prepared, body="")
-        if rows:
-            pending[prepared.source] = light
-            lengths[prepared.source] = mean_input_chars(rows)
-        else:
-            empty.append(light)
+    # The Ray pipeline's process joins Ray while this one counts the corpus (when Ray is sure
+    # to run it): the join and the process's start no longer wait for the count.
+    with _ray_child_ahead(options, settings, tokenizer_path, files) as ray_child:
+        survey = functools.partial(
+            _survey,
+            counter=counter,
+            stored=stored,
+            embedder_name=embedder_name,
+            max_tokens=options.max_tokens,
+        )
+        counted = _Counts.of(map(survey, files), report)
+        pending = counted.pending
+        total = len(pending) + len(counted.empty)
+        notify("start", 0, total)
 
-    total = len(pending) + len(empty)
-    notify("start", 0, total)
-
-    async def write(batch: Batch) -> None:
-        """Whole documents, in one transaction (``DocumentStore.write_documents``)."""
-        records = [_record(doc, rows) for doc, rows in batch]
-        n_chunks = sum(len(record.chunks) for record in records)
-        with tracer().start_as_current_span(
-            "ingest.write",
-            attributes={
-                "ingest.documents": len(records),
-                "ingest.chunks": n_chunks,
-                "ingest.source": records[0].source,
-            },
-        ) as span:
-            outcomes = await store.write_documents(records)
-            span.set_attribute("ingest.new", outcomes.count("new"))
-            span.set_attribute("ingest.replaced", outcomes.count("replaced"))
-        report.new += outcomes.count("new")
-        report.replaced += outcomes.count("replaced")
-        report.chunks_written += n_chunks
-        notify("document", report.new + report.replaced, total)
-
-    for start in range(0, len(empty), WRITE_BATCH_DOCUMENTS):
-        await write([(doc, []) for doc in empty[start : start + WRITE_BATCH_DOCUMENTS]])
-
-    stored_chunks = sum(doc.chunk_count for doc in stored.values())
-    async with vector_index_for(store, settings, chunks, stored_chunks):
-        if pending:
-            docs = sorted(pending.values(), key=lambda doc: (lengths[doc.source], doc.source))
-            report.executor = choose_executor(options.executor, chunks, settings)
-            log.info("embedding %d chunks of %d documents (%s)", chunks, len(docs), report.executor)
-            if report.executor == "ray":
-                work = RayWork.of(
-                    docs, chunks, text_chars, options.max_tokens, options.embed_actors
-                )
-                iterator = iter_ray_isolated(work, settings, tokenizer_path)
-            else:
-                iterator = _iter_local(
-                    docs, embedder or build_embedder(settings), tokenizer_path, options, chunks
-                )
-            embed_span = tracer().start_span(
-                "ingest.embed",
+        async def write(batch: Batch) -> None:
+            """Whole documents, in one transaction (``DocumentStore.write_documents``)."""
+            records = [_record(doc, rows) for doc, rows in batch]
+            n_chunks = sum(len(record.chunks) for record in records)
+            with tracer().start_as_current_span(
+                "ingest.write",
                 attributes={
-                    attr.LANGFUSE_TYPE: "embedding",
-                    attr.GEN_AI_OPERATION: "embeddings",
-                    attr.GEN_AI_REQUEST_MODEL: settings.embedding_model,
-                    "ingest.documents": len(pending),
+                    "ingest.documents": len(records),
+                    "ingest.chunks": n_chunks,
+                    "ingest.source": records[0].source,
                 },
-            )
-            try:
-                await collect_documents(_RowFeed(iterator), pending, write)
-                if pending:
-                    raise RuntimeError("the pipeline ended without some documents' chunks")
-            except Exception as exc:
-                embed_span.record_exception(exc)
-                raise IngestFailed(exc, report, sorted(pending)) from exc
-            finally:
-                embed_span.end()
+            ) as span:
+                outcomes = await store.write_documents(records)
+                span.set_attribute("ingest.new", outcomes.count("new"))
+                span.set_attribute("ingest.replaced", outcomes.count("replaced"))
+            report.new += outcomes.count("new")
+            report.replaced += outcomes.count("replaced")
+            report.chunks_written += n_chunks
+            notify("document", report.new + report.replaced, total)
+
+        empty = counted.empty
+        for start in range(0, len(empty), WRITE_BATCH_DOCUMENTS):
+            await write([(doc, []) for doc in empty[start : start + WRITE_BATCH_DOCUMENTS]])
+
+        stored_chunks = sum(doc.chunk_count for doc in stored.values())
+        async with vector_index_for(store, settings, counted.chunks, stored_chunks):
+            if pending:
+                report.executor = choose_executor(options.executor, counted.chunks, settings)
+                log.info(
+                    "embedding %d chunks of %d documents (%s)",
+                    counted.chunks,
+                    len(pending),
+                    report.executor,
+                )
+                if report.executor == "ray":
+                    child = ray_child or start_ray_child(settings, tokenizer_path)
+                    iterator = child.rows(counted.ray_work(options))
+                else:
+                    embedder = embedder or build_embedder(settings)
+                    iterator = _iter_local(
+                        counted.in_order(), embedder, tokenizer_path, options, counted.chunks
+                    )
+                embed_span = tracer().start_span(
+                    "ingest.embed",
+                    attributes={
+                        attr.LANGFUSE_TYPE: "embedding",
+                        attr.GEN_AI_OPERATION: "embeddings",
+                        attr.GEN_AI_REQUEST_MODEL: settings.embedding_model,
+                        "ingest.documents": len(pending),
+                    },
+                )
+                try:
+                    await collect_documents(_RowFeed(iterator), pending, write)
+                    if pending:
+                        raise RuntimeError("the pipeline ended without some documents' chunks")
+                except Exception as exc:
+                    embed_span.record_exception(exc)
+                    raise IngestFailed(exc, report, sorted(pending)) from exc
+                finally:
+                    embed_span.end()
 
     if options.prune:
         present = {f.source for f in files}

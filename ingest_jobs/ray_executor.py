@@ -8,6 +8,7 @@ the run fails with its counts (:class:`RayPipelineLost`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -234,17 +235,41 @@ class RayPipelineLost(RuntimeError):
 ChildMain = Callable[[Settings, str | None, Connection, Connection], None]
 
 
-def iter_ray_isolated(
-    work: RayWork,
-    settings: Settings,
-    tokenizer_path: str | None,
-    *,
-    child_main: ChildMain | None = None,
-) -> Iterator[dict[str, Any]]:
-    """``iter_ray`` in a child process that sends its rows over a pipe. A Ray node that
-    dies takes down the driver connected to it with a bare ``exit(1)``; here that is the
-    child, and this process, which writes the documents, reports what failed and what the
-    store holds. The pipe is the backpressure: the child blocks while the writer lags.
+class RayChild:
+    """The process that runs the Ray pipeline (``start_ray_child``): it joins Ray as soon as
+    it starts, then waits for its work (``rows``); ``close`` ends it if the work never came."""
+
+    def __init__(self, process: BaseProcess, receiver: Connection, work_writer: Connection) -> None:
+        self._process = process
+        self._receiver = receiver
+        self._work_writer = work_writer
+        self._given_work = False
+
+    def rows(self, work: RayWork) -> Iterator[dict[str, Any]]:
+        """The embedded rows of ``work`` (sent to the process when iteration begins)."""
+        self._given_work = True
+        return _child_rows(self._process, self._receiver, work, self._work_writer)
+
+    def close(self) -> None:
+        """End the process if it was never given work (no-op once ``rows`` was called: the
+        rows' iterator ends it)."""
+        if self._given_work:
+            return
+        self._given_work = True
+        with contextlib.suppress(OSError):  # already gone: nothing to tell it
+            self._work_writer.send(None)
+        self._work_writer.close()
+        self._receiver.close()
+        _end(self._process, grace=True)
+
+
+def start_ray_child(
+    settings: Settings, tokenizer_path: str | None, *, child_main: ChildMain | None = None
+) -> RayChild:
+    """Start the process that runs ``iter_ray`` and sends its rows over a pipe. A Ray node
+    that dies takes down the driver connected to it with a bare ``exit(1)``; here that is
+    the child, and this process, which writes the documents, reports what failed and what
+    the store holds. The pipe is the backpressure: the child blocks while the writer lags.
     ``child_main``: what the child runs (tests: a child that dies at once)."""
     context = multiprocessing.get_context("spawn")  # no forked copy of this process's threads
     receiver, sender = context.Pipe(duplex=False)
@@ -258,7 +283,18 @@ def iter_ray_isolated(
     child.start()
     sender.close()
     work_reader.close()
-    return _child_rows(child, receiver, work, work_writer)
+    return RayChild(child, receiver, work_writer)
+
+
+def iter_ray_isolated(
+    work: RayWork,
+    settings: Settings,
+    tokenizer_path: str | None,
+    *,
+    child_main: ChildMain | None = None,
+) -> Iterator[dict[str, Any]]:
+    """``iter_ray`` in a child process (``start_ray_child``), started now for ``work``."""
+    return start_ray_child(settings, tokenizer_path, child_main=child_main).rows(work)
 
 
 def _ray_child(
@@ -272,8 +308,11 @@ def _ray_child(
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
-        work: RayWork = work_reader.recv()
+        start_ray(settings)  # while the driver still counts the corpus
+        work: RayWork | None = work_reader.recv()
         work_reader.close()
+        if work is None:  # nothing to embed after all
+            return
         batch: list[dict[str, Any]] = []
         for row in iter_ray(work, settings, tokenizer_path):
             batch.append(row)
@@ -283,7 +322,8 @@ def _ray_child(
         sender.send(("rows", batch))
         sender.send(("done", None))
     except BaseException as exc:  # reported to the writer, which fails loudly with counts
-        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+        with contextlib.suppress(OSError):  # a parent that closed the pipe wants nothing
+            sender.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         sender.close()
 
@@ -303,6 +343,7 @@ def _child_rows(
         try:
             work_writer.send(work)
         except OSError:
+            _raise_its_error(receiver)  # it failed to join Ray, and said why
             child.join(timeout=10)
             raise RayPipelineLost(child.exitcode, started=False) from None
         finally:
@@ -322,8 +363,23 @@ def _child_rows(
                 return
     finally:
         receiver.close()
-        if finished:  # let it leave Ray itself: a SIGTERM mid-shutdown prints Ray's traceback
-            child.join(timeout=CHILD_EXIT_GRACE_S)
-        if child.is_alive():
-            child.terminate()
-        child.join(timeout=10)
+        _end(child, grace=finished)
+
+
+def _raise_its_error(receiver: Connection) -> None:
+    """Raise the error the child sent before it ended, if it sent one."""
+    with contextlib.suppress(EOFError, OSError):
+        if receiver.poll(1.0):
+            kind, payload = receiver.recv()
+            if kind == "error":
+                raise RuntimeError(payload)
+
+
+def _end(child: BaseProcess, *, grace: bool) -> None:
+    """Wait for ``child`` to end; ``grace``: it is leaving Ray on its own (a SIGTERM
+    mid-shutdown prints Ray's traceback), so give it ``CHILD_EXIT_GRACE_S`` first."""
+    if grace:
+        child.join(timeout=CHILD_EXIT_GRACE_S)
+    if child.is_alive():
+        child.terminate()
+    child.join(timeout=10)

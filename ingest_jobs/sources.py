@@ -5,6 +5,7 @@ so the two produce identical stores."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -200,8 +201,21 @@ def token_counter(tokenizer_path: str | None) -> Callable[[str], int]:
     from transformers import AutoTokenizer
 
     tok: Any = AutoTokenizer.from_pretrained(tokenizer_path)
+    if not tok.is_fast:
+
+        def count_slow(text: str) -> int:
+            return len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
+
+        return count_slow
+    # The Rust tokenizer itself, on a copy that never truncates or pads (the model's file
+    # says 128 for both): the same ids as the ``transformers`` call at ~60% of its cost, with
+    # no settings changed per call, so threads can count at once, and ``encode_batch`` lets
+    # go of the GIL while it runs (the driver counts a corpus on several threads).
+    backend = copy.deepcopy(tok.backend_tokenizer)
+    backend.no_truncation()
+    backend.no_padding()
 
     def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
+        return len(backend.encode_batch([text], add_special_tokens=False)[0])
 
     return count
