@@ -12,7 +12,9 @@ import contextlib
 import math
 import multiprocessing
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -308,11 +310,9 @@ def _ray_child(
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
+        arrived = _work_when_it_arrives(work_reader)
         start_ray(settings)  # while the driver still counts the corpus
-        work: RayWork | None = work_reader.recv()
-        work_reader.close()
-        if work is None:  # nothing to embed after all
-            return
+        work: RayWork = arrived.get()
         batch: list[dict[str, Any]] = []
         for row in iter_ray(work, settings, tokenizer_path):
             batch.append(row)
@@ -326,6 +326,27 @@ def _ray_child(
             sender.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         sender.close()
+
+
+def _work_when_it_arrives(work_reader: Connection) -> queue.Queue[RayWork]:
+    """The child's work, read on a thread of its own while the main thread joins Ray. No work
+    (``RayChild.close``: nothing changed) ends the process at once, even mid-join: Ray's
+    shutdown and its SIGTERM handler would cost seconds and print a stack to stderr. A
+    private Ray's processes die with the main thread (``start_ray``)."""
+    arrived: queue.Queue[RayWork] = queue.Queue(maxsize=1)
+
+    def read() -> None:
+        try:
+            work = work_reader.recv()
+        except (EOFError, OSError):
+            work = None  # the parent is gone
+        work_reader.close()
+        if work is None:
+            os._exit(0)
+        arrived.put(work)
+
+    threading.Thread(target=read, name="ingest-ray-work", daemon=True).start()
+    return arrived
 
 
 CHILD_EXIT_GRACE_S = 10.0  # a child that sent its last row disconnects from Ray, then exits
