@@ -3,7 +3,8 @@
 One actor stage reads, chunks and embeds a batch of documents (the driver sends paths and
 hashes, never the text, so the corpus streams through the object store), in a child process
 that sends its rows to the writer over a pipe: a Ray node that dies ends only that child, and
-the run fails with its counts (:class:`RayPipelineLost`).
+the run fails with its counts (:class:`RayPipelineLost`). The child (:class:`RayChild`) may
+be started before its work is known: it joins Ray while the driver counts the corpus.
 """
 
 from __future__ import annotations
