@@ -313,7 +313,9 @@ def _ray_child(
     try:
         arrived = _work_when_it_arrives(work_reader)
         start_ray(settings)  # while the driver still counts the corpus
-        work: RayWork = arrived.get()
+        work = arrived.get()
+        if isinstance(work, BaseException):
+            raise work
         batch: list[dict[str, Any]] = []
         for row in iter_ray(work, settings, tokenizer_path):
             batch.append(row)
@@ -329,18 +331,20 @@ def _ray_child(
         sender.close()
 
 
-def _work_when_it_arrives(work_reader: Connection) -> queue.Queue[RayWork]:
+def _work_when_it_arrives(work_reader: Connection) -> queue.Queue[RayWork | BaseException]:
     """The child's work, read on a thread of its own while the main thread joins Ray. No work
     (``RayChild.close``: nothing changed) ends the process at once, even mid-join: Ray's
     shutdown and its SIGTERM handler would cost seconds and print a stack to stderr. A
     private Ray's processes die with the main thread (``start_ray``)."""
-    arrived: queue.Queue[RayWork] = queue.Queue(maxsize=1)
+    arrived: queue.Queue[RayWork | BaseException] = queue.Queue(maxsize=1)
 
     def read() -> None:
         try:
             work = work_reader.recv()
         except (EOFError, OSError):
             work = None  # the parent is gone
+        except BaseException as exc:  # e.g. work that does not unpickle: the main thread says so
+            work = exc
         work_reader.close()
         if work is None:
             os._exit(0)

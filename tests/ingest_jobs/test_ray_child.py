@@ -7,11 +7,12 @@ import os
 import re
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from foundation.settings import Settings
-from ingest_jobs import pipeline
+from ingest_jobs import pipeline, ray_executor
 from ingest_jobs.pipeline import IngestOptions
 from ingest_jobs.ray_executor import RayPipelineLost, RayWork, iter_ray_isolated, start_ray_child
 from ingest_jobs.sources import SourceFile
@@ -128,3 +129,29 @@ def test_the_ray_child_starts_ahead_only_when_ray_is_sure_to_run(
 
     assert len(started) == int(ahead)
     assert all(c.closed for c in started)  # ended at the block's exit (rows never asked for)
+
+
+def _refuse_to_unpickle() -> None:
+    raise ValueError("this work cannot be read here")
+
+
+class WorkThatDoesNotUnpickle:
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_refuse_to_unpickle, ())
+
+
+def _child_without_ray(
+    settings: Settings, tokenizer_path: str | None, work: Connection, rows: Connection
+) -> None:
+    """The real child, with Ray's start left out (the test is about reading the work)."""
+    ray_executor.start_ray = lambda settings: None
+    ray_executor._ray_child(settings, tokenizer_path, work, rows)
+
+
+@pytest.mark.timeout(120)
+def test_work_the_child_cannot_read_fails_the_run_instead_of_hanging() -> None:
+    work = cast(RayWork, WorkThatDoesNotUnpickle())
+    rows = start_ray_child(Settings(), None, child_main=_child_without_ray).rows(work)
+
+    with pytest.raises(RuntimeError, match="ValueError: this work cannot be read here"):
+        next(rows)
