@@ -289,17 +289,6 @@ def start_ray_child(
     return RayChild(child, receiver, work_writer)
 
 
-def iter_ray_isolated(
-    work: RayWork,
-    settings: Settings,
-    tokenizer_path: str | None,
-    *,
-    child_main: ChildMain | None = None,
-) -> Iterator[dict[str, Any]]:
-    """``iter_ray`` in a child process (``start_ray_child``), started now for ``work``."""
-    return start_ray_child(settings, tokenizer_path, child_main=child_main).rows(work)
-
-
 def _ray_child(
     settings: Settings,
     tokenizer_path: str | None,

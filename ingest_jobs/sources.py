@@ -208,9 +208,9 @@ def token_counter(tokenizer_path: str | None) -> Callable[[str], int]:
 
         return count_slow
     # The Rust tokenizer itself, on a copy that never truncates or pads (the model's file
-    # says 128 for both): the same ids as the ``transformers`` call at ~60% of its cost, with
-    # no settings changed per call, so threads can count at once, and ``encode_batch`` lets
-    # go of the GIL while it runs (the driver counts a corpus on several threads).
+    # says 128 for both): the same counts as the ``transformers`` call at ~80% of its cost
+    # (10,000 pages: 0.46 s against 0.58 s), and no setting changes per call, so the
+    # executors' threads may count at once.
     backend = copy.deepcopy(tok.backend_tokenizer)
     backend.no_truncation()
     backend.no_padding()

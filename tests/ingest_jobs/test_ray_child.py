@@ -14,7 +14,7 @@ import pytest
 from foundation.settings import Settings
 from ingest_jobs import pipeline, ray_executor
 from ingest_jobs.pipeline import IngestOptions
-from ingest_jobs.ray_executor import RayPipelineLost, RayWork, iter_ray_isolated, start_ray_child
+from ingest_jobs.ray_executor import RayPipelineLost, RayWork, start_ray_child
 from ingest_jobs.sources import SourceFile
 
 # Paths and hashes of a large corpus pickle to megabytes: far more than a pipe's buffer, so
@@ -43,7 +43,7 @@ def _large_work() -> RayWork:
 
 @pytest.mark.timeout(120)
 def test_a_child_that_dies_before_reading_its_work_fails_the_run_instead_of_hanging() -> None:
-    rows = iter_ray_isolated(_large_work(), Settings(), None, child_main=_dies_at_once)
+    rows = start_ray_child(Settings(), None, child_main=_dies_at_once).rows(_large_work())
 
     with pytest.raises(RayPipelineLost, match=r"exit code 3\) before it read its work"):
         next(rows)
