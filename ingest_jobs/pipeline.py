@@ -52,11 +52,13 @@ from ingest_jobs.sources import (
     SkippedSource,
     SourceFile,
     chunk_rows,
+    cut_counter,
     discover,
     prepare,
     read_body,
     token_counter,
 )
+from retrieval.chunking import Chunk, chunk_markdown
 from retrieval.embedders import (
     Embedder,
     build_embedder,
@@ -226,11 +228,11 @@ def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
     return max(16, min(settings.chunk_max_tokens, embedder_max_tokens - 48))
 
 
-def mean_input_chars(rows: Sequence[dict[str, Any]]) -> float:
+def mean_input_chars(chunks: Sequence[Chunk]) -> float:
     """How long a document's embedding inputs are on average: documents go to the executors
     in this order (shortest first), so each encode call holds texts of similar lengths and
     pads little (``ENCODE_WINDOW_BATCHES``)."""
-    return sum(len(embedding_input(r["section"], r["text"])) for r in rows) / max(1, len(rows))
+    return sum(len(embedding_input(c.section, c.text)) for c in chunks) / max(1, len(chunks))
 
 
 @dataclass(frozen=True)
@@ -251,16 +253,17 @@ def _survey(
     embedder_name: str,
     max_tokens: int,
 ) -> _Counted | SkippedSource | None:
-    """One source read, hashed and, when it changed, chunked to count: None if unchanged."""
+    """One source read, hashed and, when it changed, chunked to count: None if unchanged.
+    ``counter`` need only decide the cuts (``cut_counter``): the counts are not kept."""
     prepared = prepare(file, embedder_name=embedder_name, max_tokens=max_tokens)
     if isinstance(prepared, SkippedSource):
         return prepared
     old = stored.get(prepared.source)
     if old is not None and old.fingerprint == prepared.fingerprint:
         return None
-    rows = chunk_rows(prepared, counter, max_tokens) if prepared.body.strip() else []
+    chunks = chunk_markdown(prepared.body, counter, max_tokens) if prepared.body.strip() else []
     light = dataclasses.replace(prepared, body="")
-    return _Counted(light, len(rows), mean_input_chars(rows), len(prepared.body))
+    return _Counted(light, len(chunks), mean_input_chars(chunks), len(prepared.body))
 
 
 @dataclass
@@ -592,7 +595,7 @@ async def _run_ingest(
         if settings.embedding_backend == "sentence-transformers"
         else None
     )
-    counter = token_counter(tokenizer_path)
+    counter = cut_counter(tokenizer_path, options.max_tokens)
     # The Ray pipeline's process joins Ray while this one counts the corpus (when Ray is sure
     # to run it): the join and the process's start no longer wait for the count.
     with _ray_child_ahead(options, settings, tokenizer_path, files) as ray_child:
