@@ -50,7 +50,8 @@ from ingest_jobs.pipeline import (
     run_ingest,
 )
 from ingest_jobs.ray_executor import start_ray
-from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare, token_counter
+from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare
+from ingest_jobs.token_counts import token_counter
 from retrieval.embedders import (
     Embedder,
     SentenceTransformerEmbedder,

@@ -52,12 +52,11 @@ from ingest_jobs.sources import (
     SkippedSource,
     SourceFile,
     chunk_rows,
-    cut_counter,
     discover,
     prepare,
     read_body,
-    token_counter,
 )
+from ingest_jobs.token_counts import token_counter
 from retrieval.chunking import Chunk, chunk_markdown
 from retrieval.embedders import (
     Embedder,
@@ -253,8 +252,7 @@ def _survey(
     embedder_name: str,
     max_tokens: int,
 ) -> _Counted | SkippedSource | None:
-    """One source read, hashed and, when it changed, chunked to count: None if unchanged.
-    ``counter`` need only decide the cuts (``cut_counter``): the counts are not kept."""
+    """One source read, hashed and, when it changed, chunked to count: None if unchanged."""
     prepared = prepare(file, embedder_name=embedder_name, max_tokens=max_tokens)
     if isinstance(prepared, SkippedSource):
         return prepared
@@ -595,7 +593,7 @@ async def _run_ingest(
         if settings.embedding_backend == "sentence-transformers"
         else None
     )
-    counter = cut_counter(tokenizer_path, options.max_tokens)
+    counter = token_counter(tokenizer_path)
     # The Ray pipeline's process joins Ray while this one counts the corpus (when Ray is sure
     # to run it): the join and the process's start no longer wait for the count.
     with _ray_child_ahead(options, settings, tokenizer_path, files) as ray_child:

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from foundation.settings import Settings
-from ingest_jobs.sources import PreparedSource, chunk_rows, read_body, token_counter
+from ingest_jobs.sources import PreparedSource, chunk_rows, read_body
+from ingest_jobs.token_counts import token_counter
 from retrieval.embedders import build_embedder, set_torch_threads, stream_count, streams_pay
 from retrieval.search import embedding_input
 

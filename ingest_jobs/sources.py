@@ -5,12 +5,10 @@ so the two produce identical stores."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -192,81 +190,3 @@ def chunk_rows(
         }
         for ch in chunks
     ]
-
-
-@lru_cache(maxsize=4)
-def token_counter(tokenizer_path: str | None) -> Callable[[str], int]:
-    """The embedder's own tokenizer (loaded once per worker process), or a conservative
-    4-characters-per-token estimate for remote embedders."""
-    if tokenizer_path is None:
-        return lambda text: max(1, (len(text) + 3) // 4)
-    tok = _tokenizer(tokenizer_path)
-    if not tok.is_fast:
-
-        def count_slow(text: str) -> int:
-            return len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
-
-        return count_slow
-    backend = _counting_backend(tokenizer_path)
-
-    def count(text: str) -> int:
-        return len(backend.encode_batch([text], add_special_tokens=False)[0])
-
-    return count
-
-
-@lru_cache(maxsize=4)
-def cut_counter(tokenizer_path: str | None, max_tokens: int) -> Callable[[str], int]:
-    """A counter for chunking where only the cuts matter, not the counts stored with the
-    chunks (the driver's survey): a text that surely fits is not tokenized.
-
-    Under WordPiece with BERT's normalizer (the packaged embedder's tokenizer) every token
-    of an ASCII text covers at least one of its characters, so an ASCII text of at most
-    ``max_tokens`` characters fits, and its length stands in for its count: the chunker
-    then cuts where the exact count cuts. Longer texts, other characters (NFD splits a
-    Hangul syllable in three) and other tokenizers are counted exactly. 30,000 docstring
-    pages: the survey took 1.7-1.9 s instead of 2.5-2.6 s."""
-    exact = token_counter(tokenizer_path)
-    if tokenizer_path is None or not _tokenizer(tokenizer_path).is_fast:
-        return exact
-    if not tokens_cover_characters(_counting_backend(tokenizer_path)):
-        return exact
-
-    def count(text: str) -> int:
-        if len(text) <= max_tokens and text.isascii():
-            return len(text)
-        return exact(text)
-
-    return count
-
-
-def tokens_cover_characters(backend: Any) -> bool:
-    """Whether each token of an ASCII text covers at least one of its characters: a
-    WordPiece model behind BERT's normalizer and pre-tokenizer (or none). Not byte-level
-    BPE, nor SentencePiece, which may add a word-start token of its own."""
-    from tokenizers import models, normalizers, pre_tokenizers
-
-    return (
-        isinstance(backend.model, models.WordPiece)
-        and isinstance(backend.normalizer, normalizers.BertNormalizer | None)
-        and isinstance(backend.pre_tokenizer, pre_tokenizers.BertPreTokenizer | None)
-    )
-
-
-@lru_cache(maxsize=4)
-def _tokenizer(tokenizer_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_path)
-
-
-@lru_cache(maxsize=4)
-def _counting_backend(tokenizer_path: str) -> Any:
-    """The Rust tokenizer itself, on a copy that never truncates or pads (the model's file
-    says 128 for both): the same counts as the ``transformers`` call at ~80% of its cost
-    (10,000 pages: 0.46 s against 0.58 s), and no setting changes per call, so the
-    executors' threads may count at once."""
-    backend = copy.deepcopy(_tokenizer(tokenizer_path).backend_tokenizer)
-    backend.no_truncation()
-    backend.no_padding()
-    return backend

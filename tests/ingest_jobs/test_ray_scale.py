@@ -19,7 +19,8 @@ import pytest
 
 from foundation.settings import Settings
 from ingest_jobs import pipeline, ray_executor
-from ingest_jobs.sources import PreparedSource, chunk_id, chunk_rows, token_counter
+from ingest_jobs.sources import PreparedSource, chunk_id, chunk_rows
+from ingest_jobs.token_counts import token_counter
 from retrieval.search import embedding_input
 from tests.ingest_jobs.test_pipeline import snapshot
 
