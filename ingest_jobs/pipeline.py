@@ -530,7 +530,8 @@ def _ray_child_ahead(
 ) -> Iterator[RayChild | None]:
     """The Ray pipeline's process, started before the corpus is counted when the run is sure
     to go to Ray (``--executor ray``, or ``auto`` on a running cluster) and has sources; ended
-    at the block's exit if its rows were never asked for (nothing changed)."""
+    at the block's exit (told there is no work if its rows were never asked for: nothing
+    changed)."""
     ray_sure = options.executor == "ray" or (
         options.executor == "auto" and choose_executor("auto", 0, settings) == "ray"
     )
@@ -596,7 +597,11 @@ async def _run_ingest(
     counter = token_counter(tokenizer_path)
     # The Ray pipeline's process joins Ray while this one counts the corpus (when Ray is sure
     # to run it): the join and the process's start no longer wait for the count.
-    with _ray_child_ahead(options, settings, tokenizer_path, files) as ray_child:
+    with contextlib.ExitStack() as children:
+        # Ended after the vector index is built: a child leaves Ray meanwhile.
+        ray_child = children.enter_context(
+            _ray_child_ahead(options, settings, tokenizer_path, files)
+        )
         survey = functools.partial(
             _survey,
             counter=counter,
@@ -644,7 +649,9 @@ async def _run_ingest(
                     report.executor,
                 )
                 if report.executor == "ray":
-                    child = ray_child or start_ray_child(settings, tokenizer_path)
+                    child = ray_child or children.enter_context(
+                        contextlib.closing(start_ray_child(settings, tokenizer_path))
+                    )
                     iterator = child.rows(counted.ray_work(options))
                 else:
                     embedder = embedder or build_embedder(settings)

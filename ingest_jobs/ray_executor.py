@@ -241,7 +241,7 @@ ChildMain = Callable[[Settings, str | None, Connection, Connection], None]
 
 class RayChild:
     """The process that runs the Ray pipeline (``start_ray_child``): it joins Ray as soon as
-    it starts, then waits for its work (``rows``); ``close`` ends it if the work never came."""
+    it starts, then waits for its work (``rows``); ``close`` ends it."""
 
     def __init__(self, process: BaseProcess, receiver: Connection, work_writer: Connection) -> None:
         self._process = process
@@ -255,15 +255,15 @@ class RayChild:
         return _child_rows(self._process, self._receiver, work, self._work_writer)
 
     def close(self) -> None:
-        """End the process if it was never given work (no-op once ``rows`` was called: the
-        rows' iterator ends it)."""
-        if self._given_work:
-            return
-        self._given_work = True
-        with contextlib.suppress(OSError):  # already gone: nothing to tell it
-            self._work_writer.send(None)
-        self._work_writer.close()
-        self._receiver.close()
+        """End the process: tell it there is no work if it was never given any; after its
+        last row, wait for it to leave Ray. The rows' iterator does not wait for that
+        (~0.8 s): the writer builds the vector index meanwhile."""
+        if not self._given_work:
+            self._given_work = True
+            with contextlib.suppress(OSError):  # already gone: nothing to tell it
+                self._work_writer.send(None)
+            self._work_writer.close()
+            self._receiver.close()
         _end(self._process, grace=True)
 
 
@@ -379,7 +379,8 @@ def _child_rows(
                 return
     finally:
         receiver.close()
-        _end(child, grace=finished)
+        if not finished:  # a child that sent its last row leaves Ray on its own (``close``)
+            _end(child, grace=False)
 
 
 def _raise_its_error(receiver: Connection) -> None:

@@ -1,10 +1,11 @@
-"""The Ray pipeline's child process: started ahead of its work, ended when none comes, and
-dying before it has read its work."""
+"""The Ray pipeline's child process: started ahead of its work, ended when none comes,
+dying before it has read its work, and left to leave Ray while the run goes on."""
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
@@ -155,3 +156,31 @@ def test_work_the_child_cannot_read_fails_the_run_instead_of_hanging() -> None:
 
     with pytest.raises(RuntimeError, match="ValueError: this work cannot be read here"):
         next(rows)
+
+
+def _leaves_ray_slowly(
+    settings: Settings, tokenizer_path: str | None, work: Connection, rows: Connection
+) -> None:
+    """Sends its rows, then takes its time leaving Ray: until the test lets it go."""
+    work.recv()
+    rows.send(("rows", [{"row": 1}]))
+    rows.send(("done", None))
+    let_go = Path(settings.agent_service_home, "let-go")
+    while not let_go.exists():
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_the_rows_end_while_the_child_leaves_ray_and_close_waits_for_it(tmp_path: Path) -> None:
+    """The writer builds the vector index while the child leaves Ray, instead of after."""
+    child = start_ray_child(
+        Settings(agent_service_home=tmp_path), None, child_main=_leaves_ray_slowly
+    )
+
+    assert list(child.rows(_large_work())) == [{"row": 1}]
+    assert child._process.is_alive()  # not waited for, not terminated
+
+    (tmp_path / "let-go").touch()
+    child.close()
+
+    assert child._process.exitcode == 0  # it ended on its own
