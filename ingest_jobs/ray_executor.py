@@ -248,23 +248,59 @@ class RayChild:
         self._receiver = receiver
         self._work_writer = work_writer
         self._given_work = False
+        self._sent_all = False  # its last row arrived: it is leaving Ray on its own
 
     def rows(self, work: RayWork) -> Iterator[dict[str, Any]]:
         """The embedded rows of ``work`` (sent to the process when iteration begins)."""
         self._given_work = True
-        return _child_rows(self._process, self._receiver, work, self._work_writer)
+        return self._rows(work)
 
     def close(self) -> None:
-        """End the process: tell it there is no work if it was never given any; after its
-        last row, wait for it to leave Ray. The rows' iterator does not wait for that
-        (~0.8 s): the writer builds the vector index meanwhile."""
+        """End the process. Never given work: tell it there is none. Past its last row: wait
+        for it to leave Ray (the rows' iterator does not wait for that, ~0.8 s: the writer
+        builds the vector index meanwhile). Stopped short (the writer failed): end it now."""
         if not self._given_work:
             self._given_work = True
             with contextlib.suppress(OSError):  # already gone: nothing to tell it
                 self._work_writer.send(None)
             self._work_writer.close()
             self._receiver.close()
-        _end(self._process, grace=True)
+            _end(self._process, grace=True)
+        else:
+            _end(self._process, grace=self._sent_all)
+
+    def _rows(self, work: RayWork) -> Iterator[dict[str, Any]]:
+        child, receiver = self._process, self._receiver
+        try:
+            # The work (every path and hash: megabytes for a large corpus) goes over a pipe
+            # of its own, not as the process's arguments: a child that dies before reading
+            # them left ``Process.start`` blocked on a full pipe for ever (its read end is
+            # held open by this process); here the write fails and the run reports it.
+            try:
+                self._work_writer.send(work)
+            except OSError:
+                _raise_its_error(receiver)  # it failed to join Ray, and said why
+                child.join(timeout=10)
+                raise RayPipelineLost(child.exitcode, started=False) from None
+            finally:
+                self._work_writer.close()
+            while True:
+                try:
+                    kind, payload = receiver.recv()
+                except EOFError:
+                    child.join(timeout=10)
+                    raise RayPipelineLost(child.exitcode) from None
+                if kind == "rows":
+                    yield from payload
+                elif kind == "error":
+                    raise RuntimeError(payload)
+                else:
+                    self._sent_all = True
+                    return
+        finally:
+            receiver.close()
+            if not self._sent_all:  # one that sent its last row leaves Ray on its own
+                _end(child, grace=False)
 
 
 def start_ray_child(
@@ -345,42 +381,6 @@ def _work_when_it_arrives(work_reader: Connection) -> queue.Queue[RayWork | Base
 
 
 CHILD_EXIT_GRACE_S = 10.0  # a child that sent its last row disconnects from Ray, then exits
-
-
-def _child_rows(
-    child: BaseProcess, receiver: Connection, work: RayWork, work_writer: Connection
-) -> Iterator[dict[str, Any]]:
-    finished = False
-    try:
-        # The work (every path and hash: megabytes for a large corpus) goes over a pipe of
-        # its own, not as the process's arguments: a child that dies before reading them
-        # left ``Process.start`` blocked on a full pipe for ever (its read end is held open
-        # by this process); here the write fails and the run reports it.
-        try:
-            work_writer.send(work)
-        except OSError:
-            _raise_its_error(receiver)  # it failed to join Ray, and said why
-            child.join(timeout=10)
-            raise RayPipelineLost(child.exitcode, started=False) from None
-        finally:
-            work_writer.close()
-        while True:
-            try:
-                kind, payload = receiver.recv()
-            except EOFError:
-                child.join(timeout=10)
-                raise RayPipelineLost(child.exitcode) from None
-            if kind == "rows":
-                yield from payload
-            elif kind == "error":
-                raise RuntimeError(payload)
-            else:
-                finished = True
-                return
-    finally:
-        receiver.close()
-        if not finished:  # a child that sent its last row leaves Ray on its own (``close``)
-            _end(child, grace=False)
 
 
 def _raise_its_error(receiver: Connection) -> None:

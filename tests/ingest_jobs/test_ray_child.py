@@ -184,3 +184,25 @@ def test_the_rows_end_while_the_child_leaves_ray_and_close_waits_for_it(tmp_path
     child.close()
 
     assert child._process.exitcode == 0  # it ended on its own
+
+
+def _sends_rows_for_ever(
+    settings: Settings, tokenizer_path: str | None, work: Connection, rows: Connection
+) -> None:
+    work.recv()
+    while True:  # blocks once the pipe is full: no one reads it any more
+        rows.send(("rows", [{"row": 1}]))
+
+
+@pytest.mark.timeout(120)
+def test_a_child_stopped_short_is_ended_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer failed mid-run: the run reports it now, not after the grace a child
+    leaving Ray gets (here longer than the test may run)."""
+    monkeypatch.setattr(ray_executor, "CHILD_EXIT_GRACE_S", 600.0)
+    child = start_ray_child(Settings(), None, child_main=_sends_rows_for_ever)
+    rows = child.rows(_large_work())
+    assert next(rows) == {"row": 1}
+
+    child.close()
+
+    assert child._process.exitcode is not None
