@@ -49,7 +49,7 @@ _WORDS = {
     True: re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]"),  # after lowercasing
     False: re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]"),
 }
-WORD_CACHE_LIMIT = 200_000  # words kept (~30 MB); then the cache starts again
+WORD_CACHE_LIMIT = 200_000  # words kept (~20 MB of 4-14 letters); then the cache starts again
 
 
 class WordCounts:
