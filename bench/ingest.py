@@ -114,6 +114,41 @@ async def drop(admin_url: str, name: str) -> None:
         await conn.close()
 
 
+def chunk_texts(
+    roots: list[tuple[Path, list[str]]], embedder_name: str, max_tokens: int
+) -> list[str]:
+    """The embedding inputs of every chunk under ``roots``, in file order, as the pipelines
+    chunk them (the packaged MiniLM's token counts)."""
+    counter = token_counter(resolve_local_model("all-MiniLM-L6-v2"))
+    texts: list[str] = []
+    for file in discover(roots):
+        doc = prepare(file, embedder_name=embedder_name, max_tokens=max_tokens)
+        if isinstance(doc, PreparedSource):
+            texts.extend(
+                embedding_input(r["section"], r["text"])
+                for r in chunk_rows(doc, counter, max_tokens)
+            )
+    return texts
+
+
+def raw_encode_seconds(model: Embedder, texts: list[str], *, in_order_batch: int = 0) -> float:
+    """The model alone on ``texts``: by default as fast as it goes (sorted by length, calls
+    side by side); with ``in_order_batch``, batches of that many cut in file order, one after
+    another (what the pipelines did before they sorted)."""
+    model.encode(texts[:64])  # warm-up
+    streams: int | None
+    if in_order_batch:
+        ordered, step, streams = texts, in_order_batch, 1
+    else:
+        ordered, step = sorted(texts, key=len), SORTED_CALL_TEXTS
+        streams = None if streams_pay(len(texts)) else 1
+    calls = [ordered[i : i + step] for i in range(0, len(texts), step)]
+    start = time.perf_counter()
+    for _ in encode_batches(model, calls, streams=streams):
+        pass
+    return time.perf_counter() - start
+
+
 async def main_async(corpora: list[str], actors: int, compare_float32: bool) -> None:
     settings = load_settings()
     admin_url = with_database(await resolve_database_url(settings), "postgres")
@@ -164,44 +199,19 @@ async def measure(
 ) -> str:
     """One corpus: raw encode, then each executor into a fresh database; a table row."""
     settings = load_settings()
-    counter = token_counter(resolve_local_model("all-MiniLM-L6-v2"))
-    texts: list[str] = []
     files = discover(roots)
-    for file in files:
-        doc = prepare(file, embedder_name=embedder.name, max_tokens=max_tokens)
-        if isinstance(doc, PreparedSource):
-            texts.extend(
-                embedding_input(r["section"], r["text"])
-                for r in chunk_rows(doc, counter, max_tokens)
-            )
-
-    def raw_encode_seconds(model: Embedder, *, in_order: bool = False) -> float:
-        """The model alone on these chunks: by default as fast as it goes (sorted by length,
-        calls side by side); ``in_order``: batches cut in file order, one after another
-        (what the pipelines did before they sorted)."""
-        model.encode(texts[:64])  # warm-up
-        streams: int | None
-        if in_order:
-            ordered, step, streams = texts, settings.embedding_batch_size, 1
-        else:
-            ordered, step = sorted(texts, key=len), SORTED_CALL_TEXTS
-            streams = None if streams_pay(len(texts)) else 1
-        calls = [ordered[i : i + step] for i in range(0, len(texts), step)]
-        start = time.perf_counter()
-        for _ in encode_batches(model, calls, streams=streams):
-            pass
-        return time.perf_counter() - start
-
+    texts = chunk_texts(roots, embedder.name, max_tokens)
     print(f"\n{name}: {len(files)} documents, {len(texts)} chunks", flush=True)
-    in_order_s = raw_encode_seconds(embedder, in_order=True)
+    batch = settings.embedding_batch_size
+    in_order_s = raw_encode_seconds(embedder, texts, in_order_batch=batch)
     in_order_rate = len(texts) / in_order_s
     print(f"raw, in order  {in_order_rate:7.1f} chunks/s  ({in_order_s:.1f}s)", flush=True)
-    raw_s = raw_encode_seconds(embedder)
+    raw_s = raw_encode_seconds(embedder, texts)
     raw_rate = len(texts) / raw_s
     print(f"raw encode     {raw_rate:7.1f} chunks/s  ({raw_s:.1f}s)", flush=True)
     if compare_float32 and getattr(embedder, "dtype", "float32") != "float32":
         fp32 = SentenceTransformerEmbedder("all-MiniLM-L6-v2", dtype="float32")
-        fp32_s = raw_encode_seconds(fp32)
+        fp32_s = raw_encode_seconds(fp32, texts)
         print(f"raw float32    {len(texts) / fp32_s:7.1f} chunks/s  ({fp32_s:.1f}s)", flush=True)
 
     cells: dict[str, str] = {}
