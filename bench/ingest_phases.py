@@ -13,7 +13,8 @@ enough.
 A run's phases come from its own spans (``ingest.run``, ``ingest.embed``, the first
 ``ingest.write``, ``ingest.index``), taken by a span processor that reads every process's CPU
 time from ``/proc`` at each edge (Linux). Each phase then lists the processes that used the
-CPU in it: the driver, the Ray actor, Ray's own processes, PostgreSQL.
+CPU in it: the driver, the Ray actor, Ray's own processes, PostgreSQL. A process that ended
+before its phase's end is not listed (PostgreSQL's parallel index-build worker, for one).
 """
 
 from __future__ import annotations
