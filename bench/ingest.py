@@ -41,10 +41,11 @@ from foundation.database import (
     resolve_database_url,
     with_database,
 )
-from foundation.settings import load_settings
+from foundation.settings import Settings, load_settings
 from ingest_jobs.pipeline import (
     Executor,
     IngestOptions,
+    IngestReport,
     choose_executor,
     effective_max_tokens,
     run_ingest,
@@ -112,6 +113,20 @@ async def drop(admin_url: str, name: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+async def pipeline_run(
+    admin_url: str, settings: Settings, options: IngestOptions, embedder: Embedder
+) -> IngestReport:
+    """One pipeline run into a fresh database, dropped after; ``embedder`` (warm) is used
+    in-process only (the Ray actors load their own)."""
+    store, db = await fresh_store(admin_url)
+    try:
+        local = options.executor == "local"
+        return await run_ingest(store, settings, options, embedder=embedder if local else None)
+    finally:
+        await store.close()
+        await drop(admin_url, db)
 
 
 def chunk_texts(
@@ -217,21 +232,14 @@ async def measure(
     cells: dict[str, str] = {}
     executors: tuple[Executor, ...] = ("local", "ray")
     for executor in executors:
-        store, db = await fresh_store(admin_url)
-        try:
-            options = IngestOptions(
-                roots=roots,
-                executor=executor,
-                embed_actors=actors,
-                batch_size=settings.embedding_batch_size,
-                max_tokens=max_tokens,
-            )
-            report = await run_ingest(
-                store, settings, options, embedder=embedder if executor == "local" else None
-            )
-        finally:
-            await store.close()
-            await drop(admin_url, db)
+        options = IngestOptions(
+            roots=roots,
+            executor=executor,
+            embed_actors=actors,
+            batch_size=settings.embedding_batch_size,
+            max_tokens=max_tokens,
+        )
+        report = await pipeline_run(admin_url, settings, options, embedder)
         rate = report.chunks_written / report.seconds
         print(
             f"{executor:<14} {rate:7.1f} chunks/s  ({report.seconds:.1f}s, "

@@ -34,12 +34,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from bench.ingest import build_corpus, chunk_texts, drop, fresh_store, raw_encode_seconds
+from bench.ingest import build_corpus, chunk_texts, pipeline_run, raw_encode_seconds
 from bench.text_corpus import build_texts
 from foundation.database import resolve_database_url, with_database
 from foundation.observability.setup import build_provider
 from foundation.settings import Settings, load_settings
-from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens, run_ingest
+from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens
 from ingest_jobs.ray_executor import start_ray
 from retrieval.embedders import Embedder, build_embedder
 
@@ -193,22 +193,15 @@ async def _pipeline_run(
 ) -> Run:
     executor: Executor = "ray" if kind == "ray" else "local"
     admin_url = with_database(await resolve_database_url(settings), "postgres")
-    store, db = await fresh_store(admin_url)
+    options = IngestOptions(
+        roots=roots,
+        executor=executor,
+        embed_actors=actors,
+        batch_size=settings.embedding_batch_size,
+        max_tokens=effective_max_tokens(settings, embedder.max_tokens),
+    )
     clock.reset()
-    try:
-        options = IngestOptions(
-            roots=roots,
-            executor=executor,
-            embed_actors=actors,
-            batch_size=settings.embedding_batch_size,
-            max_tokens=effective_max_tokens(settings, embedder.max_tokens),
-        )
-        report = await run_ingest(
-            store, settings, options, embedder=embedder if executor == "local" else None
-        )
-    finally:
-        await store.close()
-        await drop(admin_url, db)
+    report = await pipeline_run(admin_url, settings, options, embedder)
     return Run(kind, report.seconds, report.chunks_written)
 
 
