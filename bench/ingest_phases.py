@@ -133,8 +133,8 @@ class PhaseMarks(SpanProcessor):
 
 def phases(marks: Sequence[Mark]) -> list[tuple[str, float, list[tuple[float, str]]]]:
     """Each stretch between consecutive marks: its name, seconds and the CPU each process
-    used. An index build at the start (a run that found the index missing) is a stretch
-    like the others."""
+    used. A run too small to defer the vector index checks it first (``ingest.index`` at the
+    start, a stretch of milliseconds when the index is there)."""
     return [
         (f"{a.label} -> {b.label}", b.at - a.at, cpu_used(a.cpu, b.cpu))
         for a, b in itertools.pairwise(marks)
