@@ -23,14 +23,16 @@ def token_counter(tokenizer_path: str | None) -> Callable[[str], int]:
     at once."""
     if tokenizer_path is None:
         return lambda text: max(1, (len(text) + 3) // 4)
-    tok = _tokenizer(tokenizer_path)
+    from transformers import AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(tokenizer_path)
     if not tok.is_fast:
 
         def count_slow(text: str) -> int:
             return len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
 
         return count_slow
-    backend = _counting_backend(tokenizer_path)
+    backend = _counting_backend(tok)
 
     def count_whole(text: str) -> int:
         return len(backend.encode_batch([text], add_special_tokens=False)[0])
@@ -100,19 +102,11 @@ class WordCounts:
         return total
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(tokenizer_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_path)
-
-
-@lru_cache(maxsize=4)
-def _counting_backend(tokenizer_path: str) -> Any:
+def _counting_backend(tok: Any) -> Any:
     """The Rust tokenizer itself, on a copy that never truncates or pads (the model's file
     says 128 for both): the same counts as the ``transformers`` call at ~80% of its cost,
     and no setting changes per call, so threads may count at once."""
-    backend = copy.deepcopy(_tokenizer(tokenizer_path).backend_tokenizer)
+    backend = copy.deepcopy(tok.backend_tokenizer)
     backend.no_truncation()
     backend.no_padding()
     return backend
