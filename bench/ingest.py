@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import asyncpg
@@ -51,7 +52,7 @@ from ingest_jobs.pipeline import (
     run_ingest,
 )
 from ingest_jobs.ray_executor import start_ray
-from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare
+from ingest_jobs.sources import PreparedSource, SourceFile, chunk_rows, discover, prepare
 from ingest_jobs.token_counts import token_counter
 from retrieval.embedders import (
     Embedder,
@@ -129,14 +130,12 @@ async def pipeline_run(
         await drop(admin_url, db)
 
 
-def chunk_texts(
-    roots: list[tuple[Path, list[str]]], embedder_name: str, max_tokens: int
-) -> list[str]:
-    """The embedding inputs of every chunk under ``roots``, in file order, as the pipelines
-    chunk them (the packaged MiniLM's token counts)."""
+def chunk_texts(files: Sequence[SourceFile], embedder_name: str, max_tokens: int) -> list[str]:
+    """The embedding inputs of every chunk of ``files`` (``discover``), in file order, as the
+    pipelines chunk them (the packaged MiniLM's token counts)."""
     counter = token_counter(resolve_local_model("all-MiniLM-L6-v2"))
     texts: list[str] = []
-    for file in discover(roots):
+    for file in files:
         doc = prepare(file, embedder_name=embedder_name, max_tokens=max_tokens)
         if isinstance(doc, PreparedSource):
             texts.extend(
@@ -215,7 +214,7 @@ async def measure(
     """One corpus: raw encode, then each executor into a fresh database; a table row."""
     settings = load_settings()
     files = discover(roots)
-    texts = chunk_texts(roots, embedder.name, max_tokens)
+    texts = chunk_texts(files, embedder.name, max_tokens)
     print(f"\n{name}: {len(files)} documents, {len(texts)} chunks", flush=True)
     batch = settings.embedding_batch_size
     in_order_s = raw_encode_seconds(embedder, texts, in_order_batch=batch)

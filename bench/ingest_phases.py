@@ -41,6 +41,7 @@ from foundation.observability.setup import build_provider
 from foundation.settings import Settings, load_settings
 from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens
 from ingest_jobs.ray_executor import start_ray
+from ingest_jobs.sources import discover
 from retrieval.embedders import Embedder, build_embedder
 
 # pid -> (CPU seconds so far, user and system; the command line, cut short)
@@ -167,8 +168,9 @@ async def run_order(
     clock: PhaseMarks,
 ) -> list[Run]:
     """The runs of ``order``, one after another, each printed as it ends."""
+    admin_url = with_database(await resolve_database_url(settings), "postgres")
     max_tokens = effective_max_tokens(settings, embedder.max_tokens)
-    texts = chunk_texts(roots, embedder.name, max_tokens)
+    texts = chunk_texts(discover(roots), embedder.name, max_tokens)
     print(f"{len(texts)} chunks", flush=True)
     runs: list[Run] = []
     for kind in order:
@@ -177,32 +179,21 @@ async def run_order(
             seconds = raw_encode_seconds(embedder, texts)
             runs.append(Run(kind, seconds, len(texts), time.process_time() - cpu))
         else:
-            runs.append(await _pipeline_run(kind, roots, settings, embedder, actors, clock))
-            runs[-1].stretches = phases(clock.marks)
+            executor: Executor = "ray" if kind == "ray" else "local"
+            options = IngestOptions(
+                roots=roots,
+                executor=executor,
+                embed_actors=actors,
+                batch_size=settings.embedding_batch_size,
+                max_tokens=max_tokens,
+            )
+            clock.reset()
+            report = await pipeline_run(admin_url, settings, options, embedder)
+            runs.append(
+                Run(kind, report.seconds, report.chunks_written, stretches=phases(clock.marks))
+            )
         _print_run(runs[-1])
     return runs
-
-
-async def _pipeline_run(
-    kind: str,
-    roots: list[tuple[Path, list[str]]],
-    settings: Settings,
-    embedder: Embedder,
-    actors: int,
-    clock: PhaseMarks,
-) -> Run:
-    executor: Executor = "ray" if kind == "ray" else "local"
-    admin_url = with_database(await resolve_database_url(settings), "postgres")
-    options = IngestOptions(
-        roots=roots,
-        executor=executor,
-        embed_actors=actors,
-        batch_size=settings.embedding_batch_size,
-        max_tokens=effective_max_tokens(settings, embedder.max_tokens),
-    )
-    clock.reset()
-    report = await pipeline_run(admin_url, settings, options, embedder)
-    return Run(kind, report.seconds, report.chunks_written)
 
 
 def _print_run(run: Run) -> None:
