@@ -117,13 +117,27 @@ async def drop(admin_url: str, name: str) -> None:
 
 
 async def pipeline_run(
-    admin_url: str, settings: Settings, options: IngestOptions, embedder: Embedder
+    admin_url: str,
+    settings: Settings,
+    roots: list[tuple[Path, list[str]]],
+    executor: Executor,
+    *,
+    embedder: Embedder,
+    actors: int,
+    max_tokens: int,
 ) -> IngestReport:
     """One pipeline run into a fresh database, dropped after; ``embedder`` (warm) is used
     in-process only (the Ray actors load their own)."""
+    options = IngestOptions(
+        roots=roots,
+        executor=executor,
+        embed_actors=actors,
+        batch_size=settings.embedding_batch_size,
+        max_tokens=max_tokens,
+    )
     store, db = await fresh_store(admin_url)
     try:
-        local = options.executor == "local"
+        local = executor == "local"
         return await run_ingest(store, settings, options, embedder=embedder if local else None)
     finally:
         await store.close()
@@ -231,14 +245,15 @@ async def measure(
     cells: dict[str, str] = {}
     executors: tuple[Executor, ...] = ("local", "ray")
     for executor in executors:
-        options = IngestOptions(
-            roots=roots,
-            executor=executor,
-            embed_actors=actors,
-            batch_size=settings.embedding_batch_size,
+        report = await pipeline_run(
+            admin_url,
+            settings,
+            roots,
+            executor,
+            embedder=embedder,
+            actors=actors,
             max_tokens=max_tokens,
         )
-        report = await pipeline_run(admin_url, settings, options, embedder)
         rate = report.chunks_written / report.seconds
         print(
             f"{executor:<14} {rate:7.1f} chunks/s  ({report.seconds:.1f}s, "

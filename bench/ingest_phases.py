@@ -39,7 +39,7 @@ from bench.text_corpus import build_texts
 from foundation.database import resolve_database_url, with_database
 from foundation.observability.setup import build_provider
 from foundation.settings import Settings, load_settings
-from ingest_jobs.pipeline import Executor, IngestOptions, effective_max_tokens
+from ingest_jobs.pipeline import Executor, effective_max_tokens
 from ingest_jobs.ray_executor import start_ray
 from ingest_jobs.sources import discover
 from retrieval.embedders import Embedder, build_embedder
@@ -180,15 +180,16 @@ async def run_order(
             runs.append(Run(kind, seconds, len(texts), time.process_time() - cpu))
         else:
             executor: Executor = "ray" if kind == "ray" else "local"
-            options = IngestOptions(
-                roots=roots,
-                executor=executor,
-                embed_actors=actors,
-                batch_size=settings.embedding_batch_size,
+            clock.reset()
+            report = await pipeline_run(
+                admin_url,
+                settings,
+                roots,
+                executor,
+                embedder=embedder,
+                actors=actors,
                 max_tokens=max_tokens,
             )
-            clock.reset()
-            report = await pipeline_run(admin_url, settings, options, embedder)
             runs.append(
                 Run(kind, report.seconds, report.chunks_written, stretches=phases(clock.marks))
             )
