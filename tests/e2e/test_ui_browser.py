@@ -8,7 +8,9 @@ One stack and one browser for the module. The page is used as production uses it
 the development sign-in (this stack sets ``EVAL_JWT_SECRET``). The dev sign-in's absence with
 auth on is shown against the in-process app with production settings.
 
-The screenshots in docs/ui/ (README) are written by ``test_screenshots``."""
+``test_screenshots`` takes the README's screenshots; it writes them into docs/ui/ only with
+``UPDATE_SCREENSHOTS=1``, otherwise into a temporary directory, so a test run leaves the
+working tree clean."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from tests.e2e.stack_helpers import AgentStack, agent_stack, chunk_id_for
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "ui"
+SHOTS = ROOT / "docs" / "ui"  # the README's screenshots, rewritten only with UPDATE_SCREENSHOTS=1
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -487,9 +489,15 @@ def test_without_a_secret_the_dev_sign_in_sends_the_claims(browser: Any, tmp_pat
             ui.close()
 
 
-def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> None:
+def _screenshot_dir(tmp_path: Path) -> Path:
+    """docs/ui/ when ``UPDATE_SCREENSHOTS=1`` asks for the README's screenshots to be
+    rewritten; otherwise ``tmp_path``, so the run leaves the working tree untouched."""
+    return SHOTS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+
+
+def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any, tmp_path: Path) -> None:
     """docs/ui/*.png (README): an answered, cited question opened from the thread list,
-    light and dark, desktop and phone width."""
+    light and dark, desktop and phone width (into tmp_path unless ``UPDATE_SCREENSHOTS=1``)."""
     chunk = chunk_id_for(ui_docs_url, "Cooldown: how often")
     title = "How long is the alert cooldown, and can each room have its own?"
     _script_cited_answer(
@@ -502,7 +510,8 @@ def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> Non
     nina = {"authorization": f"Bearer {mint_eval_token(SECRET, 'nina', NINA[0], NINA[1])}"}
     asked = httpx.post(f"{stack.url}/ask", json={"question": title}, headers=nina, timeout=60)
     assert asked.status_code == 200, asked.text
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    shots = _screenshot_dir(tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
     for scheme in ("light", "dark"):
         for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
             ui = open_page(color_scheme=scheme, viewport=viewport, extra_http_headers={})
@@ -515,7 +524,7 @@ def test_screenshots(stack: AgentStack, ui_docs_url: str, open_page: Any) -> Non
             ui.expect(ui.page.locator("#source-pane")).to_be_visible()
             if name == "phone":
                 ui.page.locator(".turn").last.scroll_into_view_if_needed()
-            ui.page.screenshot(path=str(SHOTS / f"chat-{name}-{scheme}.png"), full_page=True)
+            ui.page.screenshot(path=str(shots / f"chat-{name}-{scheme}.png"), full_page=True)
             width = ui.page.evaluate("() => document.documentElement.scrollWidth")
             assert width <= viewport["width"], f"{name}: {width}px wide"  # no sideways scroll
 
