@@ -41,7 +41,7 @@ from agent.usage import estimate_cost
 from foundation.database import resolve_database_url
 from foundation.identity import AuthUser
 from foundation.settings import Settings
-from serve_app.backend import BackendError
+from serve_app.backend_errors import BackendError
 from serve_app.history import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from serve_app.lazy import OpenedOnFirstUse
 from serve_app.metrics import MetricsSink, limit_measurement
