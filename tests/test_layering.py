@@ -1,5 +1,5 @@
-"""The floors of the house (README, Layout): each package imports only the floors below it,
-and no two modules import each other in a circle.
+"""The floors of the house (docs/layout.md, The floors): each package imports only the floors
+below it, and no two modules import each other in a circle.
 
 Read from the source with ``ast`` (every ``import``, including those inside functions and
 under ``TYPE_CHECKING``), so a lazy import cannot hide an arrow."""
