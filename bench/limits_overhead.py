@@ -144,7 +144,7 @@ async def _http(url: str, requests: int) -> None:
         model = FunctionModel(lambda request: text_reply("ok"), model="local/bench")
         backend = build_local_backend(settings, authorizer=authorizer, llm=model)
         backends.append(backend)
-        app = create_app(backend, settings, authorizer, limits=backend.limits)
+        app = create_app(backend, settings, authorizer)  # the backend carries its limits
         transport = httpx.ASGITransport(app=app)
         clients[name] = httpx.AsyncClient(transport=transport, base_url="http://bench")
     caller = encode_claims("bench-user", [("bench-domain", "business_staff")])

@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -27,6 +28,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agent.answer import AgentAnswer, AgentEvent
+from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from deployments.metrics import RayServeMetrics
 from foundation.identity import AuthUser
@@ -41,8 +43,10 @@ from serve_app.backend import (
     IngestRun,
     IngestStatus,
 )
+from serve_app.feedback import feedback_store_for
 from serve_app.knowledge import LazyStore
 from serve_app.limits import RequestLimits, build_request_limits
+from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness, ReadinessCheck
 from serve_app.threads import visible_chunks
 from serve_app.wiring import build_conversation_store, replica_settings
@@ -108,6 +112,8 @@ class ServeBackend:
         conversations: ConversationStore | None = None,
         knowledge: LazyStore | None = None,
         limits: RequestLimits | None = None,
+        feedback: FeedbackStore | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self._agent = agent
         self._stream = agent.options(stream=True)
@@ -125,6 +131,13 @@ class ServeBackend:
         # The callers' rate limits and budgets, counted in the database every replica shares
         # (a pool of its own, opened on first use; nothing when every limit is off).
         self.limits = limits if limits is not None else build_request_limits(settings)
+        # Where /feedback keeps ratings: beside the conversations (a pool of its own, opened
+        # on first use).
+        self.feedback = (
+            feedback if feedback is not None else feedback_store_for(self._conversations, settings)
+        )
+        # Where the routes count (the replica's Ray metrics; none: not counted).
+        self.metrics = metrics
 
     @property
     def conversations(self) -> ConversationStore:
@@ -262,6 +275,7 @@ class ServeBackend:
         return Readiness(ready=all(c.ok for c in checks), checks=checks)
 
     async def close(self) -> None:
+        await self.feedback.close()
         await self._conversations.close()
         await self._knowledge.close()
         await self.limits.close()
@@ -280,13 +294,16 @@ class IngressDeployment:
         self.authorizer = load_authorizer()
         self.metrics = RayServeMetrics()
         limits = build_request_limits(self.settings, metrics=self.metrics)
-        self.backend = ServeBackend(agent_loop, self.settings, limits=limits)
+        self.backend = ServeBackend(agent_loop, self.settings, limits=limits, metrics=self.metrics)
+
+    @asynccontextmanager
+    async def _closing(self, app: FastAPI) -> AsyncIterator[None]:
+        """The app's lifespan: the backend's pools (conversations, feedback, knowledge base,
+        usage limits) are closed when Serve shuts the replica down."""
+        try:
+            yield
+        finally:
+            await self.backend.close()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(
-            self.backend,
-            self.settings,
-            self.authorizer,
-            limits=self.backend.limits,
-            metrics=self.metrics,
-        )
+        return create_app(self.backend, self.settings, self.authorizer, lifespan=self._closing)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.answer import AgentAnswer, AgentEvent
 from agent.followups import PriorTurn
 from agent.llm.base import Message
+from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from serve_app.backend_errors import BackendError as BackendError
@@ -27,6 +28,8 @@ from serve_app.backend_errors import ConversationFullError as ConversationFullEr
 from serve_app.backend_errors import ConversationNotFound as ConversationNotFound
 from serve_app.backend_errors import ConversationsUnavailable as ConversationsUnavailable
 from serve_app.backend_errors import IngestConflict as IngestConflict
+from serve_app.limits import RequestLimits
+from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness
 
 
@@ -90,6 +93,24 @@ class ApiBackend(Protocol):
         citations are re-checked with it when it is read or continued
         (``conversations.recheck``). A database failure surfaces as
         ``ConversationsUnavailable`` (the thread is not shown unchecked)."""
+        ...
+
+    @property
+    def limits(self) -> RequestLimits:
+        """The callers' rate limits and budgets, checked by ``/ask`` (``serve_app.limits``;
+        ``RequestLimits.disabled()`` when every limit is off). ``close`` closes them."""
+        ...
+
+    @property
+    def feedback(self) -> FeedbackStore:
+        """Where ``/feedback`` keeps ratings: beside ``conversations``
+        (``serve_app.feedback.feedback_store_for``). ``close`` closes it."""
+        ...
+
+    @property
+    def metrics(self) -> MetricsSink | None:
+        """Where the routes count (``/feedback``'s ``agent_feedback``); none: not counted
+        (the Serve Ingress counts into Ray's metrics, the single-process server nowhere)."""
         ...
 
     async def readiness(self) -> Readiness: ...

@@ -2,7 +2,8 @@
 
 It holds the ``Agent`` (with its LLM client, the ``Downstream`` client for twin/sensor
 services, and a hybrid retriever over the knowledge base) and the callers' conversations
-(``serve_app.threads.LazyConversationStore``), and runs ingestion as asyncio tasks
+(``serve_app.threads.LazyConversationStore``, their ratings beside them:
+``serve_app.feedback``) and their usage limits, and runs ingestion as asyncio tasks
 (``run_ingest`` with the local executor over ``DOC_ROOTS``), tracked in memory by run id. Used by
 the single-process server (``serve_app.api.single_process``, the spec's FastAPI-only
 architecture and the benchmarks' baseline) and by the route tests.
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from agent.answer import AgentAnswer, AgentEvent
 from agent.loop import Agent
+from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from foundation.settings import Settings
@@ -35,8 +37,10 @@ from serve_app.backend import (
     IngestRequest,
     IngestRun,
 )
+from serve_app.feedback import feedback_store_for
 from serve_app.knowledge import LazyStore
 from serve_app.limits import RequestLimits
+from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness, ReadinessCheck, lazy_store_checks, provider_check
 from serve_app.threads import visible_chunks
 
@@ -92,6 +96,8 @@ class LocalBackend:
         conversations: ConversationStore,
         closables: Sequence[Closable] = (),
         limits: RequestLimits | None = None,
+        feedback: FeedbackStore | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.settings = settings
         self.agent = agent
@@ -100,6 +106,13 @@ class LocalBackend:
         self._conversations = conversations
         # The callers' rate limits and budgets (the app's /ask checks them; closed here).
         self.limits = limits if limits is not None else RequestLimits.disabled()
+        # Where /feedback keeps ratings: beside the conversations (closed here).
+        self.feedback = (
+            feedback if feedback is not None else feedback_store_for(conversations, settings)
+        )
+        # Where the routes count (none here unless given: the single-process server has no
+        # metrics sink).
+        self.metrics = metrics
         self._closables = list(closables)
         self._runs: OrderedDict[str, _Run] = OrderedDict()
 
@@ -249,6 +262,7 @@ class LocalBackend:
                 await closable.aclose()
             except Exception:
                 log.warning("closing %s failed", type(closable).__name__, exc_info=True)
+        await self.feedback.close()
         await self._conversations.close()
         await self.limits.close()
         await self.store.close()

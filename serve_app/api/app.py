@@ -52,8 +52,6 @@ single-process server an in-process one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -61,7 +59,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from conversations.feedback import FeedbackStore
 from foundation.observability.fastapi_telemetry import FASTAPI_TELEMETRY_OFF
 from foundation.settings import Settings
 from serve_app.api.errors import install_error_handlers
@@ -75,9 +72,7 @@ from serve_app.api.routes.ui import install_ui
 from serve_app.auth import warn_if_auth_disabled
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
-from serve_app.feedback import feedback_store_for
-from serve_app.limits import LIMIT_HEADERS, RequestLimits
-from serve_app.metrics import MetricsSink
+from serve_app.limits import LIMIT_HEADERS
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 API_TITLE = "agent-service"
@@ -96,30 +91,13 @@ def create_app(
     *,
     lifespan: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    limits: RequestLimits | None = None,
-    feedback_store: FeedbackStore | None = None,
-    metrics: MetricsSink | None = None,
 ) -> FastAPI:
-    """The API over ``backend``. ``lifespan`` (a FastAPI lifespan context) lets the caller
-    start and close what the backend holds; the app never closes a backend it was given.
-    ``limits``: the callers' rate limits and budgets on ``/ask`` (``serve_app.limits``; the
-    caller closes them, as the backend); none: not limited. ``feedback_store``: where
-    ``/feedback`` keeps ratings (none: beside the backend's conversations,
-    ``serve_app.feedback.feedback_store_for``, opened on first use and closed by the app's
-    lifespan). ``metrics``: where the routes count (``/feedback``); none: not counted."""
+    """The API over ``backend``: every route reaches the service through it (its
+    conversations, usage limits, feedback store and metrics sink included), by the
+    dependencies of ``serve_app.api.deps``. ``lifespan`` (a FastAPI lifespan context) lets
+    the caller start and close what the backend holds; the app never closes a backend it
+    was given."""
     prefix = settings.api_prefix
-    own_feedback = feedback_store is None
-    store = feedback_store or feedback_store_for(backend.conversations, settings)
-
-    @asynccontextmanager
-    async def closing(app: FastAPI) -> AsyncIterator[None]:
-        async with AsyncExitStack() as stack:
-            if own_feedback:
-                stack.push_async_callback(store.close)
-            if lifespan is not None:
-                await stack.enter_async_context(lifespan(app))
-            yield
-
     app = FastAPI(
         title=API_TITLE,
         version=API_VERSION,
@@ -127,15 +105,12 @@ def create_app(
         docs_url=f"{prefix}/docs",
         redoc_url=None,
         openapi_url=f"{prefix}/openapi.json",
-        lifespan=closing,
+        lifespan=lifespan,
         telemetry=FASTAPI_TELEMETRY_OFF,
     )
     app.state.backend = backend
     app.state.settings = settings
     app.state.authorizer = authorizer
-    app.state.limits = limits if limits is not None else RequestLimits.disabled()
-    app.state.feedback = store
-    app.state.metrics = metrics
     install_error_handlers(app)
 
     api = APIRouter(prefix=prefix)

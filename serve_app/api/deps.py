@@ -1,5 +1,6 @@
 """FastAPI dependencies, as ``Annotated`` aliases (the full-stack template's style): the
-backend, the settings, the authorizer, the caller, and the admin gate of ``/ingest``."""
+backend, the settings, the authorizer, the caller, and the admin gate of ``/ingest``; and
+what the routes take from the backend (its usage limits, feedback store and metrics sink)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,29 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from conversations.feedback import FeedbackStore
 from foundation.identity import AuthUser
 from serve_app.api.errors import ApiError
 from serve_app.auth import CurrentUser, SettingsDep, get_settings, require_user
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
 from serve_app.limits import RequestLimits
+from serve_app.metrics import MetricsSink
 
 __all__ = [
     "AuthorizerDep",
     "BackendDep",
     "CurrentUser",
+    "FeedbackStoreDep",
     "IngestAdmin",
     "LimitsDep",
+    "MetricsDep",
     "SettingsDep",
     "get_authorizer",
     "get_backend",
+    "get_feedback_store",
+    "get_limits",
+    "get_metrics",
     "get_settings",
     "require_ingest_permission",
     "require_user",
@@ -39,14 +47,25 @@ def get_authorizer(request: Request) -> CedarAuthorizer:
     return authorizer
 
 
-def get_limits(request: Request) -> RequestLimits:
-    limits: RequestLimits = request.app.state.limits
-    return limits
-
-
 BackendDep = Annotated[ApiBackend, Depends(get_backend)]
-LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
 AuthorizerDep = Annotated[CedarAuthorizer, Depends(get_authorizer)]
+
+
+def get_limits(backend: BackendDep) -> RequestLimits:
+    return backend.limits
+
+
+def get_feedback_store(backend: BackendDep) -> FeedbackStore:
+    return backend.feedback
+
+
+def get_metrics(backend: BackendDep) -> MetricsSink | None:
+    return backend.metrics
+
+
+LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
+FeedbackStoreDep = Annotated[FeedbackStore, Depends(get_feedback_store)]
+MetricsDep = Annotated[MetricsSink | None, Depends(get_metrics)]
 
 
 async def require_ingest_permission(user: CurrentUser, authorizer: AuthorizerDep) -> AuthUser:

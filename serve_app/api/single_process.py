@@ -46,7 +46,7 @@ def create_single_process_app(
         finally:
             await local.close()
 
-    return create_app(local, settings, authorizer, lifespan=lifespan, limits=local.limits)
+    return create_app(local, settings, authorizer, lifespan=lifespan)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

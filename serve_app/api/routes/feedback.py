@@ -30,7 +30,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Request
+from fastapi import APIRouter, BackgroundTasks
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -47,17 +47,16 @@ from conversations.feedback import (
     AmbiguousTrace,
     Feedback,
     FeedbackReceipt,
-    FeedbackStore,
     NoSuchTurn,
     Rater,
 )
 from conversations.store import NoSuchConversation
-from serve_app.api.deps import CurrentUser, SettingsDep
+from serve_app.api.deps import CurrentUser, FeedbackStoreDep, MetricsDep, SettingsDep
 from serve_app.api.errors import ApiError, ErrorEnvelope, error_responses
 from serve_app.api.fields import integral
 from serve_app.backend import ConversationNotFound
 from serve_app.feedback import attach_to_trace
-from serve_app.metrics import MetricsSink, feedback_measurement
+from serve_app.metrics import feedback_measurement
 from serve_app.threads import not_found_message
 
 router = APIRouter(tags=["feedback"])
@@ -163,19 +162,6 @@ class FeedbackOut(BaseModel):
     created_at: datetime = Field(description="When the turn was first rated.")
     updated_at: datetime = Field(description="When this rating was stored.")
 
-
-def get_feedback_store(request: Request) -> FeedbackStore:
-    store: FeedbackStore = request.app.state.feedback
-    return store
-
-
-def get_metrics(request: Request) -> MetricsSink | None:
-    sink: MetricsSink | None = request.app.state.metrics
-    return sink
-
-
-FeedbackStoreDep = Annotated[FeedbackStore, Depends(get_feedback_store)]
-MetricsDep = Annotated[MetricsSink | None, Depends(get_metrics)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **error_responses(401, 422, 500, 503),

@@ -16,10 +16,13 @@ from typing import Any
 import httpx
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from conversations.feedback import FeedbackStore, InMemoryFeedbackStore
 from conversations.memory import InMemoryConversationStore
 from foundation.identity import AuthUser
 from local_world.claims import encode_claims
 from serve_app.backend import AskParams, IngestRequest, IngestRun
+from serve_app.limits import RequestLimits
+from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness, ReadinessCheck
 
 SECRET = "test-eval-secret-0123456789abcdef-xyz"  # >= 32 bytes
@@ -102,6 +105,13 @@ class FakeBackend:
     runs: dict[str, IngestRun] = field(default_factory=dict)
     stream_closed: bool = False
     conversations: InMemoryConversationStore = field(default_factory=InMemoryConversationStore)
+    limits: RequestLimits = field(default_factory=RequestLimits.disabled)
+    metrics: MetricsSink | None = None
+    feedback: FeedbackStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Beside the conversations, as serve_app.feedback.feedback_store_for keeps them.
+        self.feedback = InMemoryFeedbackStore(self.conversations)
 
     async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
         self.asks.append((user, params))

@@ -68,6 +68,7 @@ def served(
     backend = make_backend(settings)
     backend._served = True  # type: ignore[attr-defined]  # closed by the lifespan below
     metrics = InMemoryMetrics()
+    backend.metrics = metrics  # the app counts into its backend's sink
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,7 +78,7 @@ def served(
         finally:
             await backend.close()
 
-    app = create_app(backend, settings, authorizer, lifespan=lifespan, metrics=metrics)
+    app = create_app(backend, settings, authorizer, lifespan=lifespan)
     with run_in_thread(app) as url:
         yield url, metrics
 

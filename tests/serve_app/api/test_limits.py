@@ -53,7 +53,8 @@ class Setup:
         self.limits = build_request_limits(
             self.settings, store=self.store, metrics=self.metrics, clock=lambda: NOW
         )
-        app = create_app(self.backend, self.settings, authorizer, limits=self.limits)
+        self.backend.limits = self.limits  # the app takes them from its backend
+        app = create_app(self.backend, self.settings, authorizer)
         self.http = asgi_client(app)
 
     def outcomes(self) -> dict[str, float]:
