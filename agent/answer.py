@@ -95,9 +95,9 @@ class ProgressEvent(BaseModel):
     Stages, and the fields each carries (the others stay ``None``):
 
     - ``started``: the run began (the first event of every run); ``model``: who answers.
-    - ``route``: which way the planner routed the question (``agent.planning``, json_schema
-      mode by default); ``route``: ``documentation``, ``live_data``, ``both``, ``greeting``
-      or ``open`` (no signal: the model chooses, and may decline).
+    - ``route``: which way the planner routed the question (``agent.small_model.planning``,
+      json_schema mode by default); ``route``: ``documentation``, ``live_data``, ``both``,
+      ``greeting`` or ``open`` (no signal: the model chooses, and may decline).
     - ``model``: a model call begins; ``hop`` (1-based) and ``model``.
     - ``waiting``: the model call has produced nothing yet (queued for a slot, or still
       reading the prompt); ``hop`` and ``elapsed_s`` since the call began, every few seconds.

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.citations import MARKER, ChunkInfo
-from agent.routing import content_words
+from agent.words import content_words
 
 __all__ = [
     "KEEP_RATIO",

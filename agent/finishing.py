@@ -9,12 +9,12 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
-from agent.answer import AgentEvent, CitationOut, Decision, DoneEvent, TokenEvent
+from agent.answer import AgentEvent, CitationEvent, CitationOut, Decision, DoneEvent, TokenEvent
 from agent.citation_support import check_support
 from agent.citations import CitationResult, extract_citations
 from agent.grounding import ungrounded
-from agent.instrumented import InstrumentedLLM, RunTrace
-from agent.llm.base import ChatRequest, ChatResult, LLMError, Message
+from agent.instrumented import RunTrace, model_call
+from agent.llm.base import ChatRequest, ChatResult, LLMClient, LLMError, Message
 from agent.prompts import DECLINE_TEXT, IDK_MARKER, is_idk, is_refusal
 from agent.run_state import Run, citation_out
 
@@ -35,9 +35,29 @@ class Finisher:
     """Ends runs for one agent; ``llm`` is the agent's traced model (for the repair call,
     made only when ``repair``: else an ungrounded answer becomes IDK at once)."""
 
-    def __init__(self, llm: InstrumentedLLM, *, repair: bool = True) -> None:
-        self.traced_llm = llm
+    def __init__(self, llm: LLMClient, *, repair: bool = True) -> None:
+        self.llm = llm
         self.repair = repair
+
+    @staticmethod
+    def composed(run: Run, text: str, streaming: bool) -> list[AgentEvent]:
+        """The events of an answer the service wrote from its own tool results (its
+        markers cite chunks the run retrieved), or none when a figure in it is not grounded
+        or a marker names no such chunk (a composer bug: the model answers instead)."""
+        missing = ungrounded(text, run.evidence())
+        cited = extract_citations(text, run.retrieved())
+        if missing or cited.hallucinated:
+            why = "; ".join([*missing, *(f"no chunk {c}" for c in cited.hallucinated)])
+            log.warning("composed answer not grounded (%s); asking the model", why)
+            return []
+        run.notes.append("answer composed by the service from the tool results (no model call)")
+        idk = is_idk(text)
+        citations = [citation_out(c) for c in cited.citations]
+        decision: Decision = "idk" if idk else "answered"
+        done = DoneEvent(response=run.response(text, decision, idk=idk, citations=citations))
+        if not streaming:
+            return [done]
+        return [TokenEvent(text=text), *(CitationEvent(citation=c) for c in citations), done]
 
     async def finish(
         self,
@@ -149,7 +169,8 @@ class Finisher:
         retry = dataclasses.replace(request, messages=tuple(run.messages))
         with trace.hop(hop) as hop_ctx:
             try:
-                reply = await self.traced_llm.chat(retry, parent=hop_ctx, fallback_model=run.model)
+                with model_call(hop_ctx, run.model):
+                    reply = await self.llm.chat(retry)
             except LLMError as exc:
                 log.warning("hop %d: the grounding repair call failed: %s", hop, exc)
                 return None

@@ -5,20 +5,23 @@
 
 Spans are opened against explicit parent contexts and ended explicitly, never attached across
 a ``yield``: the loop is an async generator whose consumer may resume or close it from another
-task, and a context token attached in one task cannot be detached in another.
+task, and a context token attached in one task cannot be detached in another. So a model
+call's parent travels in a context variable set around the call alone (``model_call``), and
+``InstrumentedLLM`` keeps the port's exact signature.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.followups import Rewrite
 from agent.llm.base import (
     ChatRequest,
     ChatResult,
@@ -34,18 +37,44 @@ from foundation.observability import attributes as attr
 from foundation.observability.spans import Observer, in_span, set_attributes, to_json
 from foundation.tracing import request_context, trace_id_of
 
-__all__ = ["InstrumentedLLM", "RunTrace"]
+__all__ = ["InstrumentedLLM", "RunTrace", "model_call"]
+
+
+@dataclass(frozen=True)
+class _CallScope:
+    parent: otel_context.Context | None
+    fallback_model: str | None
+
+
+_SCOPE: ContextVar[_CallScope | None] = ContextVar("agent_model_call", default=None)
+
+
+@contextmanager
+def model_call(
+    parent: otel_context.Context | None, fallback_model: str | None = None
+) -> Iterator[None]:
+    """The scope of the model calls made (``chat``) or started (``stream``) inside it:
+    ``parent`` is their span's parent context; ``fallback_model`` the model the caller
+    believes it is talking to (it names the span when the request leaves the model to the
+    client, and prices a reply that does not name its model). Hold it around the call
+    alone, never across a ``yield``."""
+    token = _SCOPE.set(_CallScope(parent, fallback_model))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def _scope() -> _CallScope:
+    return _SCOPE.get() or _CallScope(None, None)
 
 
 class InstrumentedLLM:
     """An ``LLMClient`` whose ``chat``/``stream`` run inside a ``gen_ai.chat <model>`` span
-    (request, reply, usage, cost and errors; messages only with payloads on).
-
-    ``parent`` is the span's explicit parent context (default: the current one).
-    ``fallback_model`` is the model the caller believes it is talking to (the agent passes
-    its run's last answering model): it names the span when the request leaves the model to
-    the client, and prices a reply that does not name its model, as the run's usage record
-    does (default: the request's model, else the client's ``default_model``)."""
+    (request, reply, usage, cost and errors; messages only with payloads on), with the port's
+    own signature. The span's parent and the fallback model come from ``model_call`` (the
+    agent holds it around each call; default: the current context, and the request's model,
+    else the client's ``default_model``)."""
 
     def __init__(
         self,
@@ -68,18 +97,13 @@ class InstrumentedLLM:
     def default_model(self) -> str:
         return self.inner.default_model
 
-    async def chat(
-        self,
-        request: ChatRequest,
-        *,
-        parent: otel_context.Context | None = None,
-        fallback_model: str | None = None,
-    ) -> ChatResult:
-        model = request.model or fallback_model or self.default_model
-        span = self._start(request, model, parent)
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        scope = _scope()
+        model = request.model or scope.fallback_model or self.default_model
+        span = self._start(request, model, scope.parent)
         try:
             result = await self.inner.chat(request)
-            self._record(span, result, fallback_model or model)
+            self._record(span, result, scope.fallback_model or model)
             return result
         except LLMError as exc:
             self._fail(span, exc)
@@ -87,17 +111,18 @@ class InstrumentedLLM:
         finally:
             span.end()
 
-    async def stream(
-        self,
-        request: ChatRequest,
-        *,
-        parent: otel_context.Context | None = None,
-        fallback_model: str | None = None,
-    ) -> AsyncGenerator[StreamEvent, None]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """The inner stream's events; the span ends at ``Completed`` (or when the stream
-        fails, ends early or is closed)."""
+        fails, ends early or is closed). The ``model_call`` scope is read here, when the
+        stream is made, not when it is first iterated."""
+        return self._stream(request, _scope())
+
+    async def _stream(
+        self, request: ChatRequest, scope: _CallScope
+    ) -> AsyncGenerator[StreamEvent, None]:
+        fallback_model = scope.fallback_model
         model = request.model or fallback_model or self.default_model
-        span = self._start(request, model, parent)
+        span = self._start(request, model, scope.parent)
         ended = False
         source = self.inner.stream(request)
         try:
@@ -222,19 +247,6 @@ class RunTrace:
     @property
     def trace_id(self) -> str | None:
         return trace_id_of(self.context)
-
-    def rewrite(self, rewrite: Rewrite, rewriter: str) -> None:
-        """A follow-up's standalone query on the run's span: which rule and rewriter, always;
-        the query itself (request content) only with payloads on."""
-        set_attributes(
-            self.root,
-            {
-                attr.AGENT_QUERY_REWRITER: rewriter,
-                attr.AGENT_QUERY_REWRITE_RULE: rewrite.rule,
-                attr.AGENT_QUERY_REWRITTEN: rewrite.rewritten,
-            },
-        )
-        self.observer.payload(self.root, attr.AGENT_QUERY_STANDALONE, rewrite.query)
 
     @contextmanager
     def hop(self, number: int) -> Iterator[otel_context.Context]:

@@ -20,7 +20,6 @@ from agent.answer import (
     UsageOut,
 )
 from agent.citations import ChunkInfo, Citation
-from agent.entities import KnownEntities
 from agent.grounding import Evidence, build_evidence
 from agent.llm.base import ChatResult, LLMError, MalformedReply, Message, ProviderRejected
 from agent.tools.base import ChunkSink
@@ -74,8 +73,6 @@ class Run:
     notes: list[str] = field(default_factory=list)
     malformed: int = 0
     seen_chunks: ChunkSink = field(default_factory=ChunkSink)
-    entities: KnownEntities = field(default_factory=KnownEntities)  # ids resolved so far
-    source_labels: dict[str, str] = field(default_factory=dict)  # label -> chunk id shown
     trace_id: str | None = None
     ungrounded: list[str] = field(default_factory=list)  # claims a rejected answer made
     asked_at: float = field(default_factory=time.time)  # wall clock: it crosses processes

@@ -65,21 +65,21 @@ import httpx
 from pydantic import ValidationError
 
 from agent.answer import AgentAnswer
-from agent.entities import NamedEntity, ids_in_text, match_names
-from agent.followups import (
+from agent.llm.base import ChatRequest, ChatResult, Message
+from agent.loop import Agent
+from agent.small_model.entities import NamedEntity, ids_in_text, match_names
+from agent.small_model.followups import (
     DeterministicRewriter,
     PassThroughRewriter,
-    PriorTurn,
     QueryRewriter,
-    prior_turn,
 )
-from agent.llm.base import ChatRequest, ChatResult, Message
-from agent.loop import Agent, AgentConfig
+from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import FunctionModel, text_reply
 from agent.tools import build_default_registry
 from agent.tools.base import Retriever
 from agent.tools.downstream import Downstream
 from agent.tools.executor import LocalToolExecutor
+from agent.turns import PriorTurn, prior_turn
 from evals.dataset import DatasetError
 from evals.followups import (
     DEFAULT_FOLLOWUPS_DATASET,
@@ -320,10 +320,10 @@ def in_process_tools(
         retriever=retriever,
         clock=clock,
     )
-    config = AgentConfig(plan_first=True, compose_answers=True)
 
     def make(rewriter: QueryRewriter) -> Agent:
-        return Agent(llm=faithful_model(), tools=tools, config=config, rewriter=rewriter)
+        strategy = SmallModelStrategy(compose=True, rewriter=rewriter)
+        return Agent(llm=faithful_model(), tools=tools, strategy=strategy)
 
     return make, client
 

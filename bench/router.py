@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from agent.followups import PassThroughRewriter
 from agent.loop import Agent
+from agent.small_model.followups import PassThroughRewriter
 from evals.dataset import Case, DatasetError, load_dataset
 from evals.report import SERVICE_ROUTES, row_route
 from foundation.identity import AuthUser

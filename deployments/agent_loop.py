@@ -16,10 +16,10 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.followups import PriorTurn
 from agent.llm.base import Message, ToolCall, ToolSpec
 from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
+from agent.turns import PriorTurn
 from deployments.metrics import RayServeMetrics
 from foundation.identity import AuthUser
 from foundation.settings import Settings
@@ -89,7 +89,7 @@ def warm_prompt_cache(settings: Settings, tools: ToolExecutor) -> bool:
     client is bound to the loop it first ran on), retried while the model is not up yet.
     ``tools`` only lends its specs: a warm-up runs no tool."""
     agent = build_agent(settings, llm=build_llm_client(settings), tools=tools)
-    if not agent.plans_first:
+    if not agent.strategy.warms_up:
         return False
     for attempt in range(WARM_UP_ATTEMPTS):
         if attempt:
@@ -118,7 +118,7 @@ class AgentLoopDeployment:
             llm=build_llm_client(settings),
             tools=HandleToolExecutor(tool_proxy, tool_registry(settings).specs()),
         )
-        if self.agent.plans_first:  # a native provider gets no warm-up: no thread, no client
+        if self.agent.strategy.warms_up:  # a native provider gets no warm-up: no thread, no client
             threading.Thread(
                 target=warm_prompt_cache,
                 args=(settings, self.agent.tools),

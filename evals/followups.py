@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints, ValidationError
 
-from agent.followups import PriorTurn
+from agent.turns import PriorTurn
 from evals.dataset import ROW_ID_PATTERN, DatasetError, NonEmpty, StrictModel, read_yaml
 from evals.retrieval_labels import (
     ANSWERS,

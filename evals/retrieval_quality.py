@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.routing import DOC_SIMILARITY
+from agent.small_model.routing import DOC_SIMILARITY
 from evals.retrieval_labels import (
     ANSWERABLE,
     Category,

@@ -95,10 +95,10 @@ class Settings(BaseSettings):
     max_tool_calls_per_ask: int = Field(default=24, ge=0, le=1000)
     max_tokens_per_ask: int = Field(default=0, ge=0, le=10_000_000)
     # Route, ground entities and fetch documentation before the model's first call
-    # (agent.planning): auto = in json_schema mode only.
+    # (agent.small_model.planning): auto = in json_schema mode only.
     plan_first: Literal["auto", "on", "off"] = "auto"
     # With the plan: live-data answers the plan's tool results settle, and greetings, are
-    # written by the service (agent.composing) instead of the model.
+    # written by the service (agent.small_model.composing) instead of the model.
     compose_answers: bool = True
     # An answer with a figure no tool result holds: one repair call with the violation fed
     # back (on), or the IDK answer at once (off). auto: off where the loop plans first (the

@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable, Sequence
 
 from agent.citations import MARKER
-from agent.followups import MAX_EARLIER, PriorTurn, prior_turn
 from agent.llm.base import Message
+from agent.turns import MAX_EARLIER, PriorTurn, prior_turn
 from conversations.store import Turn
 
 MESSAGE_OVERHEAD_TOKENS = 5  # Qwen's "<|im_start|>user\n" ... "<|im_end|>\n"
@@ -75,7 +75,7 @@ def history_messages(
 
 def prior_turns(turns: Sequence[Turn], *, limit: int = MAX_EARLIER) -> tuple[PriorTurn, ...]:
     """The newest ``limit`` turns, oldest first, as the follow-up rewriter reads them
-    (``agent.followups``): the question, the answer without citation markers, and the
+    (``agent.small_model.followups``): the question, the answer without citation markers, and the
     building and room ids of the turn's successful tool calls. Not sent to the model, so
     not counted against ``HISTORY_MAX_TOKENS``: a follow-up is rewritten from the turns
     before it even where the model's budget holds fewer of them."""

@@ -48,8 +48,8 @@ import asyncpg
 from pydantic import Field
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.followups import PriorTurn
 from agent.llm.base import Message
+from agent.turns import PriorTurn
 from conversations.recheck import cited_chunk_ids, recheck
 from conversations.store import (
     Citation,
@@ -257,7 +257,8 @@ class Thread:
     conversation_id: uuid.UUID | None
     max_turns: int
     history: tuple[Message, ...] = ()  # what the model is given of the earlier turns
-    # What the follow-up rewriter reads of them (the same re-checked turns; agent.followups)
+    # What the follow-up rewriter reads of them (the same re-checked turns;
+    # agent.small_model.followups)
     earlier: tuple[PriorTurn, ...] = ()
 
     def _response(

@@ -16,6 +16,8 @@ from agent.access import DomainAuthorizer
 from agent.llm.base import LLMClient
 from agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY, OpenAICompatibleClient
 from agent.loop import Agent, AgentConfig
+from agent.small_model.strategy import SmallModelStrategy
+from agent.strategy import AgenticStrategy, RunStrategy
 from agent.tools import build_default_registry
 from agent.tools.base import Retriever
 from agent.tools.downstream import Downstream
@@ -139,15 +141,25 @@ def agent_config(settings: Settings) -> AgentConfig:
         temperature=settings.llm_temperature,
         max_output_tokens=settings.max_output_tokens,
         provider_url=settings.llm_base_url,
-        plan_first=_auto_or_on(settings.plan_first),
-        compose_answers=settings.compose_answers,
         repair_ungrounded=_auto_or_on(settings.grounding_repair),
         heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
 
 
+def run_strategy(settings: Settings) -> RunStrategy:
+    """The strategy the agent's runs take: plan first (``PLAN_FIRST``; auto: where the model
+    speaks the ``json_schema`` mode of the small local models), else the plain agentic loop."""
+    plan_first = _auto_or_on(settings.plan_first)
+    if plan_first is None:
+        plan_first = settings.tool_calling_mode == "json_schema"
+    if plan_first:
+        return SmallModelStrategy(compose=settings.compose_answers)
+    return AgenticStrategy()
+
+
 def build_agent(settings: Settings, *, llm: LLMClient, tools: ToolExecutor) -> Agent:
-    return Agent(llm=llm, tools=tools, config=agent_config(settings))
+    config = agent_config(settings)
+    return Agent(llm=llm, tools=tools, config=config, strategy=run_strategy(settings))
 
 
 # --- the knowledge base -----------------------------------------------------------------------

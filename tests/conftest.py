@@ -20,7 +20,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The scripted-model tests pin the plain tool-calling loop of both modes; the planner that
-# json_schema mode runs first by default (agent.planning) has its own tests, which opt in.
+# json_schema mode runs first by default (agent.small_model.planning) has its own tests,
+# which opt in.
 os.environ.setdefault("PLAN_FIRST", "off")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

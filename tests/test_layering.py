@@ -112,6 +112,23 @@ def test_the_agent_core_takes_no_settings() -> None:
     assert wrong == []
 
 
+# The small-model strategy is a plug-in of the agent core (agent.strategy): the core (the loop,
+# its ports, tools, prompts, finishing) imports nothing of it, so the native path reads and
+# runs without it; the composition root (serve_app.wiring) chooses it.
+SMALL_MODEL = "agent.small_model"
+
+
+def test_the_agent_core_imports_nothing_of_the_small_model_strategy() -> None:
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if module.split(".")[0] == "agent" and not module.startswith(SMALL_MODEL)
+        for target in targets
+        if target == SMALL_MODEL or target.startswith(SMALL_MODEL + ".")
+    )
+    assert wrong == []
+
+
 def test_no_import_circles_between_modules() -> None:
     # Edges between modules only (``from pkg import name`` counts as an edge to ``pkg`` when
     # ``pkg.name`` is no module).

@@ -63,7 +63,7 @@ AGENT_CANCELLED = "agent.cancelled"
 AGENT_STREAMING = "agent.streaming"
 AGENT_TOOL_CALLING_MODE = "agent.tool_calling_mode"
 AGENT_TOOLS_OFFERED = "agent.tools_offered"
-# A follow-up's standalone query (agent.followups): rewriter, rule, whether it changed
+# A follow-up's standalone query (agent.small_model.followups): rewriter, rule, whether it changed
 AGENT_QUERY_REWRITER = "agent.query.rewriter"
 AGENT_QUERY_REWRITE_RULE = "agent.query.rewrite_rule"
 AGENT_QUERY_REWRITTEN = "agent.query.rewritten"

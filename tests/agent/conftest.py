@@ -35,7 +35,7 @@ from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import World, build_world
 from serve_app.authz import CedarAuthorizer, load_authorizer
-from serve_app.wiring import agent_config, build_downstream
+from serve_app.wiring import build_agent, build_downstream
 
 
 @pytest.fixture(scope="session")
@@ -194,7 +194,11 @@ def _agent(
         clock=clock,
         observe_payloads=settings.observe_payloads,
     )
-    return Agent(llm=llm, tools=tools, config=agent_config(settings))
+    # The fake stands in for a client built from these settings: it speaks their mode.
+    mode = getattr(llm, "tool_calling_mode", "native")
+    return build_agent(
+        settings.model_copy(update={"tool_calling_mode": mode}), llm=llm, tools=tools
+    )
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from agent.citation_support import check_support, support
 from agent.citations import ChunkInfo
-from agent.routing import content_words
+from agent.words import content_words
 
 ERROR_PAGE = ChunkInfo(
     "documentation/developer/error-codes.md",

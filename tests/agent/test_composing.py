@@ -1,5 +1,5 @@
-"""Answers the service composes from the planner's tool results (agent.composing): the model
-is not called, every figure comes from a tool result, and unknown and forbidden entities read
+"""Answers the service composes from the planner's tool results (agent.small_model.composing): the
+model is not called, every figure comes from a tool result, and unknown and forbidden entities read
 the same. Runs the real planner and tools against the in-process simulators; the model is a
 ScriptedModel with no replies, so any model call would fail the test."""
 
@@ -11,9 +11,10 @@ import pytest
 from agent_helpers import ACME_STAFF, ADMIN, NORTHWIND_STAFF, mesh_user
 
 from agent.answer import DoneEvent, TokenEvent
-from agent.composing import compose_greeting
-from agent.intents import live_intent
 from agent.loop import Agent
+from agent.small_model.composing import compose_greeting
+from agent.small_model.intents import live_intent
+from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
 
 NOBODY = mesh_user("tess", ("ghost-domain", "business_admin"))  # a domain with no building
@@ -25,7 +26,8 @@ def silent_model() -> ScriptedModel:
 
 def composing_agent(make_local_agent: Any, model: ScriptedModel | None = None) -> Agent:
     agent: Agent = make_local_agent(model or silent_model(), plan_first="on")
-    assert agent.config.compose_answers  # the default
+    assert isinstance(agent.strategy, SmallModelStrategy)
+    assert agent.strategy.compose  # the default
     return agent
 
 

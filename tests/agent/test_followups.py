@@ -1,8 +1,8 @@
-"""Follow-ups searched and resolved as standalone questions (``agent.followups``, issue 17
-item 3): the rewriter's rules on their own, then two-turn threads through the real loop (the
-planner, the eight tools over the in-process simulators, a fake retriever that records what it
-was asked) where the second turn's search and grounding use the rewritten question, and the
-model still gets the question as typed."""
+"""Follow-ups searched and resolved as standalone questions (``agent.small_model.followups``, issue
+17 item 3): the rewriter's rules on their own, then two-turn threads through the real loop (the
+planner, the eight tools over the in-process simulators, a fake retriever that records what it was
+asked) where the second turn's search and grounding use the rewritten question, and the model still
+gets the question as typed."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ import pytest
 from agent_helpers import ACME_STAFF, NORTHWIND_STAFF, FakeRetriever, hit
 
 from agent.answer import AgentAnswer
-from agent.entities import NamedEntity
-from agent.followups import (
-    DeterministicRewriter,
-    PassThroughRewriter,
-    PriorTurn,
-    QueryRewriter,
-    Rewrite,
-    prior_turn,
-    prior_turns_from_history,
-)
 from agent.llm.base import Message
 from agent.loop import Agent
+from agent.small_model.entities import NamedEntity
+from agent.small_model.followups import (
+    DeterministicRewriter,
+    PassThroughRewriter,
+    QueryRewriter,
+    Rewrite,
+)
+from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
+from agent.turns import PriorTurn, prior_turn, prior_turns_from_history
 from foundation.observability import attributes as attr
 
 HARBOR = NamedEntity("building", "bld-northwind-harbor", "Harbor Warehouse")
@@ -288,7 +287,8 @@ async def test_without_a_rewriter_the_follow_up_is_searched_as_typed(
     retriever.hits = list(DOC_HITS)
     model = ScriptedModel(text_reply("I don't know."), tool_calling_mode="json_schema")
     agent = _planning_agent(make_local_agent, model)
-    agent.rewriter = PassThroughRewriter()
+    assert isinstance(agent.strategy, SmallModelStrategy)
+    agent.strategy.rewriter = PassThroughRewriter()
     await agent.answer("How do I fix it?", ACME_STAFF, earlier=[CV_E1033])
     assert [call["query"] for call in retriever.calls] == ["How do I fix it?"]
 

@@ -25,7 +25,6 @@ from agent_helpers import ADMIN, MODES, Call, Calls, Mode, Say, script_steps
 
 from agent.answer import AgentAnswer, DoneEvent
 from agent.llm.openai_client import OpenAICompatibleClient
-from agent.loop import Agent
 from agent.tools import Downstream, LocalToolExecutor, build_default_registry
 from agent.tools.registry import ToolOutcome
 from deployments.agent_loop import AgentLoopDeployment, HandleToolExecutor
@@ -43,7 +42,7 @@ from retrieval.store import PgDocumentStore
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import AskParams
 from serve_app.metrics import InMemoryMetrics
-from serve_app.wiring import agent_config, retrieval_config
+from serve_app.wiring import build_agent, retrieval_config
 from tests.pg_wire import SEARCH as ONE_SEARCH
 from tests.pg_wire import WireLog, log_pool
 
@@ -243,10 +242,10 @@ def build_graph(
             settings=settings,
             metrics=InMemoryMetrics(),
             _tool_proxy=tool_proxy,
-            agent=Agent(
+            agent=build_agent(
+                settings,
                 llm=llm,
                 tools=HandleToolExecutor(tool_proxy, build_default_registry().specs()),  # type: ignore[arg-type]
-                config=agent_config(settings),
             ),
         ),
     )

@@ -459,7 +459,7 @@ async def test_tools_behind_a_process_boundary_keep_citations_working(
     )
     local = make_local_agent(model)
     remote = PicklingExecutor(local.tools)
-    agent = Agent(llm=local.llm, tools=remote, config=local.config)
+    agent = Agent(llm=local.llm, tools=remote, config=local.config, strategy=local.strategy)
     answer = await agent.answer(question, NORTHWIND_STAFF)
     assert remote.calls == 1
     assert answer.answer == "CSV [^aaaaaaaaaaaa]."

@@ -1,5 +1,5 @@
-"""The planner (agent.planning) in front of the json_schema loop: routing, entity grounding
-with ids limited to what this request resolved, and documentation fetched up front.
+"""The planner (agent.small_model.planning) in front of the json_schema loop: routing,
+entity grounding with ids limited to what this request resolved, and documentation fetched up front.
 
 The model is a FunctionModel that records each request, so the tests see exactly what the
 model was offered (tools, ``choices``, ``allow_refusal``), and the JSON step schema the
@@ -17,7 +17,7 @@ from agent_helpers import NORTHWIND_STAFF, FakeRetriever, hit, mesh_user
 from agent.llm.base import ChatRequest, ChatResult, MalformedReply, ProviderUnavailable
 from agent.llm.json_schema_mode import step_schema
 from agent.loop import Agent
-from agent.planning import SNIPPET_CHARS, compact_hits
+from agent.small_model.planning import SNIPPET_CHARS, compact_hits
 from agent.testing import FunctionModel, ScriptedModel, text_reply, tool_call, tool_calls_reply
 from agent.tools.twin import BUILDING_NOT_FOUND
 
@@ -407,7 +407,7 @@ async def test_warm_up_reports_a_model_that_is_not_up(make_local_agent: Any) -> 
 
 
 def test_a_snippet_too_long_for_its_budget_ends_at_a_boundary_with_an_ellipsis() -> None:
-    from agent.planning import _clip
+    from agent.small_model.planning import _clip
 
     text = "No occupancy source: the room has no people counter. This is returned as 409 by"
     assert _clip(text, 70) == "No occupancy source: the room has no people counter. …"

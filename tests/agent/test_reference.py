@@ -1,6 +1,6 @@
-"""Answers quoted from a reference entry (agent.reference): a question about one documented key
-or code whose own entry the caller's search put first is answered with that entry, cited,
-without a model call; anything beyond the entry goes to the model."""
+"""Answers quoted from a reference entry (agent.small_model.reference): a question about one
+documented key or code whose own entry the caller's search put first is answered with that entry,
+cited, without a model call; anything beyond the entry goes to the model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from agent_helpers import ACME_STAFF, FakeRetriever, hit
 
 from agent.answer import CitationEvent, DoneEvent, TokenEvent
-from agent.reference import ENTRY_CHARS, compose_reference
+from agent.small_model.reference import ENTRY_CHARS, compose_reference
 from agent.testing import ScriptedModel, text_reply
 from retrieval.search import SearchHit
 

@@ -1,4 +1,5 @@
-"""agent.routing and agent.entities: the cheap signals the planner routes on."""
+"""agent.small_model.routing and agent.small_model.entities: the cheap signals the planner
+routes on."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ import json
 
 import pytest
 
-from agent.entities import KnownEntities, NamedEntity, ids_in_text, match_names, named_entities
 from agent.llm.base import ToolSpec
 from agent.llm.json_schema_mode import constrain_arguments, step_schema
-from agent.routing import (
+from agent.small_model.entities import (
+    KnownEntities,
+    NamedEntity,
+    ids_in_text,
+    match_names,
+    named_entities,
+)
+from agent.small_model.routing import (
     RouteSignals,
     coverage,
     doc_tokens,

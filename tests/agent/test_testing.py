@@ -169,7 +169,7 @@ class NoTools:
 @pytest.mark.parametrize("mode", MODES)
 async def test_the_agent_renders_the_prompt_of_the_fakes_mode(mode: Mode) -> None:
     model = ScriptedModel(text_reply("Hello!"), tool_calling_mode=mode)
-    agent = Agent(llm=model, tools=NoTools(), config=AgentConfig(compose_answers=False))
+    agent = Agent(llm=model, tools=NoTools(), config=AgentConfig())
     answer = await agent.answer("Hello", NORTHWIND_STAFF)
     assert answer.answer == "Hello!" and answer.model == "test/scripted"
     assert model.requests[0].messages[0].content == load_system_prompt().render(mode, [])

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from agent.answer import AgentAnswer, AgentEvent, CitationOut, DoneEvent, TokenEvent
-from agent.followups import PriorTurn
+from agent.turns import PriorTurn
 from conversations.recheck import WITHHELD_ANSWER
 from deployments.ingress import ServeBackend
 from foundation.settings import Settings
@@ -156,5 +156,5 @@ async def test_the_ingress_rechecks_a_stored_citation_on_read_and_in_history(
         ("user", "one"),
         ("assistant", WITHHELD_ANSWER),
     ]
-    # The follow-up rewriter reads the same re-checked turn (agent.followups)
+    # The follow-up rewriter reads the same re-checked turn (agent.small_model.followups)
     assert earlier == (PriorTurn("one", WITHHELD_ANSWER),)

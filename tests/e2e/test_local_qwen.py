@@ -117,7 +117,8 @@ def test_qwen_answers_a_documentation_question_with_a_citation(qwen_stack: str) 
 
 
 def test_a_question_about_an_error_code_is_answered_with_its_entry(qwen_stack: str) -> None:
-    """The code's own reference entry, quoted and cited by the service (agent.reference)."""
+    """The code's own reference entry, quoted and cited by the service
+    (agent.small_model.reference)."""
     resp = _ask_as_staff(qwen_stack, "What does error code CV-E1033 mean?")
 
     assert resp.status_code == 200, resp.text

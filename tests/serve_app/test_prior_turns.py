@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agent.followups import MAX_EARLIER, PriorTurn
+from agent.turns import MAX_EARLIER, PriorTurn
 from conversations.store import ToolCallRecord, Turn, TurnRecord
 from serve_app.history import prior_turns
 

@@ -1,7 +1,7 @@
 """What a live-data question asks for, from its words: occupancy now, the sensor inventory,
 a current reading, or a history. Cheap and conservative: an intent is only acted on when
-the question also names a building or room the caller can see (``agent.planning``), and a
-question with no clear intent is left to the model.
+the question also names a building or room the caller can see
+(``agent.small_model.planning``), and a question with no clear intent is left to the model.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ The rules, and why:
 * Named or typed entities make it live data; with a documented token (found or not: the
   documentation's silence is an answer too), both; with a close chunk that names the
   building and covers what the question asks besides the name (a page about it, such as a
-  site's rules: ``agent.planning``), both.
+  site's rules: ``agent.small_model.planning``), both.
 * A question in the product's own vocabulary (``product_words``: accounts, seats, gateways,
   webhooks, the app...) that asks for no live reading (``live_words``) but that nothing the
   caller may read matches is documentation the caller cannot see: the search is shown and
@@ -42,6 +42,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from agent.words import content_words, doc_tokens
 
 __all__ = [
     "DOC_COVERAGE",
@@ -68,22 +70,6 @@ _GREETING = re.compile(
     r"|\bwho are you\b|\bwhat can you (help|do)\b",
     re.IGNORECASE,
 )
-# Error codes and rule/plan names (CV-E1033, NW-HARBOR-CAP-3, SP-25) and setting names.
-_DOC_TOKEN = re.compile(r"\b(?:[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)\b")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOPWORDS = frozenset(
-    re.findall(
-        r"\w+",
-        "a an the and or but if of to in on at by for with from into about as is are was were "
-        "be been being do does did doing have has had having i me my we our you your it its "
-        "this that these those there here what which who whom whose when where why how can "
-        "could would should will shall may might must not no yes so than then too very just "
-        "also any all some each get got set up out over under again once more most much many "
-        "such only own same both few other s t ",
-    )
-)
-
-
 # The product's own nouns, for questions about CrowdVision that need no live reading. Not
 # "building" or "room": "Who designed the Empire State Building?" and "Translate 'the
 # meeting room is full'" are off-topic rows of the golden set.
@@ -105,18 +91,6 @@ _QUOTED = re.compile(r"(?<!\w)(?:'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”)
 def is_greeting(question: str) -> bool:
     """A short hello, thanks or "what can you do" (no tool needed)."""
     return len(question.split()) <= 12 and bool(_GREETING.search(question))
-
-
-def doc_tokens(question: str) -> list[str]:
-    return list(dict.fromkeys(_DOC_TOKEN.findall(question)))
-
-
-def _stem(word: str) -> str:
-    return word[:-1] if len(word) > 3 and word.endswith("s") else word
-
-
-def content_words(text: str) -> set[str]:
-    return {_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS}
 
 
 def _unquoted(question: str) -> str:

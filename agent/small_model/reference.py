@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from agent.citations import snippet
-from agent.routing import content_words, doc_tokens
+from agent.words import content_words, doc_tokens
 from retrieval.search import SearchHit
 
 __all__ = ["ENTRY_CHARS", "compose_reference"]

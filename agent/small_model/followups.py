@@ -2,7 +2,7 @@
 
 "How do I fix it?" after "What does CV-E1033 mean?" searches for nothing useful as typed, and
 "and which of its rooms has a CO2 sensor?" names no building to ground. Before the service
-searches the documentation and resolves building and room names (``agent.planning``), a
+searches the documentation and resolves building and room names (``agent.small_model.planning``), a
 ``QueryRewriter`` turns the question into a standalone one from the conversation's earlier
 turns. The rewritten text is used for the search query and the entity resolution only; the
 model still gets the user's question as typed, with the history (``Agent.answer``).
@@ -42,29 +42,24 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from agent.entities import NamedEntity, ids_in_text, match_names
-from agent.llm.base import Message
-from agent.routing import doc_tokens
+from agent.small_model.entities import NamedEntity, ids_in_text, match_names
+from agent.turns import MAX_EARLIER, PriorTurn
+from agent.words import doc_tokens
 
 __all__ = [
     "DeterministicRewriter",
     "PassThroughRewriter",
-    "PriorTurn",
     "QueryRewriter",
     "Rewrite",
-    "prior_turn",
-    "prior_turns_from_history",
 ]
 
-MAX_EARLIER = 4  # earlier turns a follow-up may draw on (newest first)
 MAX_WORDS = 14  # longer questions bind their own pronouns ("how do users change their ...")
 MAX_FRAGMENT_WORDS = 8  # an elliptical fragment ("and the other building?") is short
 MAX_TOPIC_WORDS = 6
-ENTITY_ARGUMENTS = ("building_id", "room_id", "room_ids")  # tool arguments naming entities
 
 # "that error", "this setting", "the same room": a demonstrative with a noun of the domain.
 _NOUNS = (
@@ -111,42 +106,6 @@ _GENERIC = frozenset(
     happens happened say says said thing things way ok okay thanks measure measures answer""",
     )
 )
-
-
-@dataclass(frozen=True)
-class PriorTurn:
-    """One earlier turn of the caller's conversation, as the rewriter reads it: its question,
-    its answer, and the building and room ids its successful tool calls used (all produced
-    as the caller)."""
-
-    question: str
-    answer: str = ""
-    entity_ids: tuple[str, ...] = ()
-
-
-class ToolCallLike(Protocol):
-    """A tool call of a finished turn (``agent.answer.ToolCallTrace``, a stored turn's)."""
-
-    @property
-    def arguments(self) -> Mapping[str, Any]: ...
-
-    @property
-    def ok(self) -> bool: ...
-
-
-def prior_turn(question: str, answer: str, calls: Iterable[ToolCallLike]) -> PriorTurn:
-    """A finished turn as the rewriter reads it: the building and room ids its successful
-    tool calls used (a failed call's ids, such as a not-found one, are not carried)."""
-    ids: list[str] = []
-    for call in calls:
-        if not call.ok:
-            continue
-        for key in ENTITY_ARGUMENTS:
-            value = call.arguments.get(key)
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, str) and item:
-                    ids.append(item)
-    return PriorTurn(question, answer, tuple(dict.fromkeys(ids)))
 
 
 @dataclass(frozen=True)
@@ -518,21 +477,3 @@ def _replace_all(text: str, old: Sequence[str], new: str) -> str:
     for item in rest:
         text = re.sub(rf"\s*(?:and\s+)?{re.escape(item)}", "", text, count=1)
     return text
-
-
-def prior_turns_from_history(history: Sequence[Message]) -> tuple[PriorTurn, ...]:
-    """Earlier turns read back from history messages (each ``user`` question and the
-    ``assistant`` answer after it), for callers that pass only the model's history."""
-    turns: list[PriorTurn] = []
-    question: str | None = None
-    for message in history:
-        if message.role == "user":
-            if question is not None:
-                turns.append(PriorTurn(question))
-            question = message.content or ""
-        elif message.role == "assistant" and question is not None:
-            turns.append(PriorTurn(question, message.content or ""))
-            question = None
-    if question is not None:
-        turns.append(PriorTurn(question))
-    return tuple(turns)

@@ -3,7 +3,8 @@
 For a small local model the slowest and least reliable part of a live-data answer is turning
 JSON into a sentence: on 2 cores it costs 15-40 s, and the 1.5B misreads nulls and statuses
 ("The Quiet Room has 6 people" from a null occupancy and a capacity of 6, "0.00 ppm" from a
-room without a CO2 sensor). Where the planner (``agent.planning``) has already run the one
+room without a CO2 sensor). Where the planner (``agent.small_model.planning``) has already
+run the one
 measurement the question clearly asks for, or a step it ran says the building or room does
 not exist for this caller, the answer is fully determined by those results: it is written
 here, in milliseconds, from nothing but the results (the loop still checks it with
@@ -22,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from agent.intents import LiveIntent
-from agent.routing import content_words
+from agent.small_model.intents import LiveIntent
 from agent.tools.registry import ToolOutcome
+from agent.words import content_words
 
 __all__ = ["compose_greeting", "compose_live", "room_names"]
 

@@ -15,7 +15,7 @@ What it does, in order:
 3. ``routing.route`` on those signals.
 4. For live data: for each named building (at most ``MAX_GROUNDED``), ``get_building`` (its
    rooms and their ids) runs as a visible tool step, then the one measurement the question
-   clearly asks for (``agent.intents``); the model starts from the ids and the figures
+   clearly asks for (``agent.small_model.intents``); the model starts from the ids and the figures
    instead of guessing them. For documentation: the
    search becomes a visible ``search_docs`` step holding only the best few chunks, trimmed
    to the sentences that match.
@@ -34,39 +34,40 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agent.answer import AgentEvent, ProgressEvent, ToolEvent
-from agent.composing import compose_greeting, compose_live
-from agent.entities import (
+from agent.llm.base import Message, ToolCall, ToolSpec
+from agent.progress import tool_started
+from agent.prompts import IDK_MARKER
+from agent.run_state import Run, tool_trace
+from agent.small_model.composing import compose_greeting, compose_live
+from agent.small_model.entities import (
+    KnownEntities,
     NamedEntity,
     ids_after_word,
     ids_in_text,
     match_names,
     named_entities,
 )
-from agent.followups import DeterministicRewriter, PriorTurn, QueryRewriter, Rewrite
-from agent.intents import LiveIntent, asks_for_buildings, live_intent
-from agent.llm.base import ChatRequest, Message, ToolCall, ToolSpec
-from agent.progress import tool_started
-from agent.prompts import IDK_MARKER
-from agent.reference import compose_reference
-from agent.routing import (
+from agent.small_model.followups import DeterministicRewriter, QueryRewriter, Rewrite
+from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
+from agent.small_model.reference import compose_reference
+from agent.small_model.routing import (
     DOC_SIMILARITY,
     Route,
     RouteDecision,
     RouteSignals,
     best_coverage,
     beyond_reading,
-    content_words,
     coverage,
-    doc_tokens,
     is_greeting,
     live_words,
     product_words,
 )
-from agent.routing import route as decide_route
-from agent.run_state import Run, tool_trace
+from agent.small_model.routing import route as decide_route
 from agent.tools.executor import ToolExecutor
 from agent.tools.registry import ToolOutcome
 from agent.tools.twin import MAX_OCCUPANCY_ROOMS
+from agent.turns import PriorTurn
+from agent.words import content_words, doc_tokens
 from retrieval.search import SearchHit
 
 __all__ = [
@@ -74,7 +75,6 @@ __all__ = [
     "Plan",
     "Planner",
     "compact_hits",
-    "hop_request",
     "offered_tools",
 ]
 
@@ -105,10 +105,10 @@ class Plan:
     decision: RouteDecision
     tools: tuple[ToolSpec, ...]
     constrained_kinds: tuple[str, ...] = (*LIVE_KINDS, "chunk")
-    # Written by the service from the visible steps (``agent.composing``): the loop uses it,
-    # once grounded, instead of calling the model. None: the model answers.
+    # Written by the service from the visible steps (``agent.small_model.composing``): the
+    # loop uses it, once grounded, instead of calling the model. None: the model answers.
     answer: str | None = None
-    # The question as it was searched and resolved (``agent.followups``): a follow-up's
+    # The question as it was searched and resolved (``agent.small_model.followups``): a follow-up's
     # standalone form. None: the question as asked (no earlier turns).
     rewrite: Rewrite | None = None
 
@@ -270,6 +270,8 @@ class Planner:
         self.compose = compose  # write settled answers (greetings, live data, entries) here
         self.rewriter = rewriter or DeterministicRewriter()
         self.earlier = tuple(earlier)  # the caller's earlier turns of the conversation
+        self.entities = KnownEntities()  # the ids resolved so far (what id arguments may name)
+        self.source_labels: dict[str, str] = {}  # label -> id of each chunk shown
         self._calls = 0
         self._steps: list[tuple[ToolCall, Message]] = []  # visible steps not yet in messages
         self._shown: list[ToolOutcome] = []  # every visible step's outcome, in order
@@ -281,10 +283,10 @@ class Planner:
         self, run: Run, question: str, specs: Sequence[ToolSpec]
     ) -> AsyncIterator[AgentEvent | Plan]:
         """Yields a ``tool`` event per visible step, then the ``Plan``. A follow-up is
-        searched and resolved as its standalone form (``agent.followups``): from here on
+        searched and resolved as its standalone form (``agent.small_model.followups``): from here on
         ``question`` is that form, ``asked`` the question as the user typed it."""
         names = {spec.name for spec in specs}
-        entities = run.entities
+        entities = self.entities
         lookup: ToolOutcome | None = None
         buildings: list[NamedEntity] = []
         if "list_buildings" in names:
@@ -364,7 +366,8 @@ class Planner:
     def _composed(
         self, question: str, signals: RouteSignals, decision: RouteDecision
     ) -> str | None:
-        """The answer the visible steps settle (``agent.composing``), where composing is on."""
+        """The answer the visible steps settle (``agent.small_model.composing``), where
+        composing is on."""
         if not self.compose:
             return None
         if decision.route == "greeting":
@@ -395,7 +398,7 @@ class Planner:
         call = self._call(name, arguments)
         yield tool_started(call)
         outcome = await self.tools.execute(call, run.request)
-        run.entities.add_result(outcome.result_json)
+        self.entities.add_result(outcome.result_json)
         self._shown.append(outcome)
         yield self._record(run, outcome, outcome.result_json)
         yield outcome
@@ -409,7 +412,7 @@ class Planner:
 
     def _show_lookup(self, run: Run, lookup: ToolOutcome) -> ToolEvent:
         """The building list as a visible step: it is the answer to "which buildings"."""
-        run.entities.add_result(lookup.result_json)
+        self.entities.add_result(lookup.result_json)
         self._shown.append(lookup)
         return self._record(run, lookup, lookup.result_json)
 
@@ -448,7 +451,7 @@ class Planner:
         self, run: Run, building: NamedEntity
     ) -> AsyncIterator[AgentEvent | list[NamedEntity]]:
         """The building's visible step (its details and rooms); then its rooms."""
-        run.entities.add("building", building.entity_id)
+        self.entities.add("building", building.entity_id)
         rooms: list[NamedEntity] = []
         async for item in self._visible(run, "get_building", {"building_id": building.entity_id}):
             if not isinstance(item, ToolOutcome):
@@ -503,9 +506,9 @@ class Planner:
         self._docs = shown
         labels = []
         for hit in shown:
-            run.entities.add("chunk", hit.chunk_id)
-            label = str(len(run.source_labels) + 1)
-            run.source_labels[label] = hit.chunk_id
+            self.entities.add("chunk", hit.chunk_id)
+            label = str(len(self.source_labels) + 1)
+            self.source_labels[label] = hit.chunk_id
             labels.append(label)
         visible = dataclasses.replace(search, chunks=tuple(shown))
         return self._record(run, visible, compact_hits(question, shown, labels))
@@ -525,26 +528,3 @@ def offered_tools(route: Route, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ..
         # does not know, or use the live-data tools.
         return tuple(spec for spec in specs if spec.name != "search_docs")
     return tuple(specs)
-
-
-def hop_request(
-    run: Run, specs: Sequence[ToolSpec], plan: Plan | None, model: str | None
-) -> ChatRequest:
-    """A hop's model call. With a plan: only the route's tools, its refusal rule, and id
-    arguments limited to the ids the run has resolved (``Run.entities``)."""
-    if plan is None:
-        return ChatRequest(
-            messages=tuple(run.messages),
-            tools=tuple(specs),
-            model=model,
-            queue_priority=run.asked_at,
-        )
-    return ChatRequest(
-        messages=tuple(run.messages),
-        tools=plan.tools,
-        model=model,
-        queue_priority=run.asked_at,
-        choices=run.entities.choices(plan.constrained_kinds),
-        allow_refusal=plan.decision.allow_refusal,
-        source_labels=dict(run.source_labels),
-    )

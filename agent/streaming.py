@@ -1,0 +1,56 @@
+"""One streamed model call as the loop passes it on: ``waiting`` heartbeats until the model
+sends something, text through the ``CitationStreamFilter`` (an invented marker is never
+sent), a ``citation`` event for each valid marker as it completes, then the finished
+``ChatResult``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import suppress
+
+from agent.answer import AgentEvent, CitationEvent, ProgressEvent, TokenEvent
+from agent.citations import Citation, CitationStreamFilter, snippet
+from agent.llm.base import ChatResult, Completed, StreamEvent, TextDelta
+from agent.progress import with_heartbeat
+from agent.run_state import Run, citation_out
+
+__all__ = ["stream_hop"]
+
+
+async def stream_hop(
+    source: AsyncIterator[StreamEvent], run: Run, hop: int, heartbeat_seconds: float
+) -> AsyncGenerator[AgentEvent | ChatResult, None]:
+    """The events of one streamed model call (``source``), then its ``ChatResult``."""
+    retrieved = run.retrieved()
+    stream_filter = CitationStreamFilter(valid_ids=frozenset(retrieved))
+
+    def citation_events() -> list[AgentEvent]:
+        events: list[AgentEvent] = []
+        for chunk_id in stream_filter.pop_citations():
+            chunk = retrieved[chunk_id]
+            citation = Citation(chunk_id, chunk.source, chunk.section, snippet(chunk.text))
+            events.append(CitationEvent(citation=citation_out(citation)))
+        return events
+
+    events = with_heartbeat(source, hop=hop, every=heartbeat_seconds)
+    try:
+        async for event in events:
+            if isinstance(event, ProgressEvent):
+                yield event
+            elif isinstance(event, TextDelta):
+                text = stream_filter.feed(event.text)
+                if text:
+                    yield TokenEvent(text=text)
+                for citation_event in citation_events():
+                    yield citation_event
+            elif isinstance(event, Completed):
+                tail = stream_filter.flush()
+                if tail:
+                    yield TokenEvent(text=tail)
+                for citation_event in citation_events():
+                    yield citation_event
+                yield event.result
+                return
+    finally:
+        with suppress(Exception):
+            await events.aclose()
