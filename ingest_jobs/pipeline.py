@@ -121,6 +121,25 @@ class IngestOptions:
 
 ProgressCallback = Callable[[str, int, int], None]  # (event, done, total)
 
+
+@dataclass(frozen=True)
+class IngestProgress:
+    """Where a run is, for a progress display (``run_ingest(detail=...)``): the sources found
+    under the roots and those needing no work, the documents to ingest (new or changed) with
+    the chunks counted for them, the chunks embedded so far, and what is written."""
+
+    discovered: int = 0
+    unchanged: int = 0
+    skipped: int = 0
+    documents: int = 0  # new or changed: chunked, embedded and written by this run
+    chunks: int = 0  # the documents' chunks, as counted before embedding
+    chunks_embedded: int = 0  # rows back from the executor (a retried task's repeats too)
+    documents_written: int = 0
+    chunks_written: int = 0
+
+
+ProgressDetail = Callable[[IngestProgress], None]
+
 NOT_INGESTED_SHOWN = 5  # sources a failure message names (the report lists them all)
 # Finished documents written in one transaction at most (whole documents only; a batch is
 # written as soon as the writer has caught up with the embedder, full or not).
@@ -448,6 +467,22 @@ class RowSource(Protocol):
     def rows(self) -> AsyncIterator[dict[str, Any]]: ...
 
 
+class _CountedFeed:
+    """A ``RowSource`` that calls ``on_row`` for each row it passes on."""
+
+    def __init__(self, feed: RowSource, on_row: Callable[[], None]) -> None:
+        self._feed = feed
+        self._on_row = on_row
+
+    def idle(self) -> bool:
+        return self._feed.idle()
+
+    async def rows(self) -> AsyncIterator[dict[str, Any]]:
+        async for row in self._feed.rows():
+            self._on_row()
+            yield row
+
+
 async def collect_documents(
     feed: RowSource,
     pending: dict[str, PreparedSource],
@@ -550,8 +585,13 @@ async def run_ingest(
     *,
     embedder: Embedder | None = None,
     progress: ProgressCallback | None = None,
+    detail: ProgressDetail | None = None,
 ) -> IngestReport:
     """Bring the store in line with the sources under ``options.roots``.
+
+    ``progress`` hears ``(event, done, total)`` in documents ("start", "document" per
+    write, "done"); ``detail`` hears the same moments, and each embedded chunk, as an
+    :class:`IngestProgress` (what was found, what is to ingest, embedded and written).
 
     Traced as its own trace (an ``ingest.run`` root, whatever the caller's context), with
     ``ingest.discover``, ``ingest.embed`` (chunking and embedding, Ray Data or in-process) and
@@ -561,7 +601,9 @@ async def run_ingest(
         context=otel_context.Context(),
         attributes={attr.LANGFUSE_TYPE: "span", "ingest.executor": options.executor},
     ) as span:
-        report = await _run_ingest(store, settings, options, embedder=embedder, progress=progress)
+        report = await _run_ingest(
+            store, settings, options, embedder=embedder, progress=progress, detail=detail
+        )
         for key, value in report.as_dict().items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 span.set_attribute(f"ingest.{key}", value)
@@ -575,10 +617,34 @@ async def _run_ingest(
     *,
     embedder: Embedder | None,
     progress: ProgressCallback | None,
+    detail: ProgressDetail | None,
 ) -> IngestReport:
     started = time.perf_counter()
     report = IngestReport()
-    notify = progress or (lambda event, done, total: None)
+    on_progress = progress or (lambda event, done, total: None)
+    now = IngestProgress()  # what ``detail`` heard last
+    chunks_to_embed = 0
+
+    def notify(event: str, done: int, total: int) -> None:
+        on_progress(event, done, total)
+        show(
+            discovered=report.discovered,
+            unchanged=report.unchanged,
+            skipped=report.skipped,
+            documents=total,
+            chunks=chunks_to_embed,
+            documents_written=done,
+            chunks_written=report.chunks_written,
+        )
+
+    def show(**changed: int) -> None:
+        nonlocal now
+        if detail is not None:
+            now = dataclasses.replace(now, **changed)
+            detail(now)
+
+    def embedded() -> None:
+        show(chunks_embedded=now.chunks_embedded + 1)
 
     with tracer().start_as_current_span("ingest.discover") as span:
         files: list[SourceFile] = discover(options.roots)
@@ -612,6 +678,7 @@ async def _run_ingest(
         counted = _Counts.of(map(survey, files), report)
         pending = counted.pending
         total = len(pending) + len(counted.empty)
+        chunks_to_embed = counted.chunks
         notify("start", 0, total)
 
         async def write(batch: Batch) -> None:
@@ -668,7 +735,10 @@ async def _run_ingest(
                     },
                 )
                 try:
-                    await collect_documents(_RowFeed(iterator), pending, write)
+                    feed: RowSource = _RowFeed(iterator)
+                    if detail is not None:
+                        feed = _CountedFeed(feed, embedded)
+                    await collect_documents(feed, pending, write)
                     if pending:
                         raise RuntimeError("the pipeline ended without some documents' chunks")
                 except Exception as exc:

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from foundation.settings import Settings
-from ingest_jobs.pipeline import IngestFailed, IngestOptions, IngestReport, run_ingest
+from ingest_jobs.pipeline import (
+    IngestFailed,
+    IngestOptions,
+    IngestProgress,
+    IngestReport,
+    run_ingest,
+)
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import (
     VECTOR_INDEX,
@@ -21,7 +27,7 @@ from retrieval.store import (
     WriteOutcome,
 )
 from serve_app.cli.db import db_up
-from tests.ingest_jobs.corpus import PAGES, write_corpus
+from tests.ingest_jobs.corpus import PAGES, HashedEmbedder, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -105,6 +111,35 @@ async def test_second_run_is_all_unchanged(
         assert (docs, chunks) == (len(PAGES), first.chunks_written)
     finally:
         await store.close()
+
+
+async def test_detail_hears_what_was_found_then_each_chunk_embedded_and_written(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``run_ingest(detail=...)``, what the CLI's progress display shows: the sources found
+    and the documents and chunks to ingest first, then every chunk embedded, then what is
+    written; a second run finds nothing to ingest."""
+    root = write_corpus(tmp_path / "docs")
+    settings = Settings(agent_service_home=tmp_path / "home")
+    options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120)
+    heard: list[IngestProgress] = []
+    again: list[IngestProgress] = []
+    store = await _store(db_url)
+    try:
+        report = await run_ingest(
+            store, settings, options, embedder=HashedEmbedder(), detail=heard.append
+        )
+        await run_ingest(store, settings, options, embedder=HashedEmbedder(), detail=again.append)
+    finally:
+        await store.close()
+    n, chunks = len(PAGES), report.chunks_written
+    assert heard[0] == IngestProgress(discovered=n, documents=n, chunks=chunks)
+    embedded = [p.chunks_embedded for p in heard]
+    assert embedded == sorted(embedded) and set(range(chunks + 1)) <= set(embedded)
+    written = [(p.documents_written, p.chunks_written) for p in heard]
+    assert written == sorted(written) and written[-1] == (n, chunks)
+    assert heard[-1].chunks_embedded == chunks
+    assert again and set(again) == {IngestProgress(discovered=n, unchanged=n)}
 
 
 async def test_changed_source_replaces_document_and_chunks(
