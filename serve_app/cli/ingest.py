@@ -7,27 +7,45 @@ import argparse
 import asyncio
 import atexit
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from foundation.settings import Settings
-from serve_app.cli.common import EXIT_FAILURE, EXIT_OK, CliError, csv_list
+from serve_app.cli.common import EXIT_FAILURE, EXIT_OK, CliError, csv_list, logs_to_file
+
+if TYPE_CHECKING:
+    from ingest_jobs.pipeline import IngestProgress
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from foundation.acl import parse_acl
     from foundation.observability.setup import configure_observability, flush_observability
-    from ingest_jobs.pipeline import IngestFailed, IngestOptions, effective_max_tokens, run_ingest
-    from retrieval.embedders import build_embedder
-    from serve_app.wiring import open_store
 
+    if not args.verbose:
+        # The run's own progress display replaces the model loader's bars.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # The run is its own trace (ingest.run); exported before the process exits.
     configure_observability(settings, "ingest")
     atexit.register(flush_observability)
+    # Log and span lines go to <home>/logs/ingest.log; the terminal shows the progress.
+    with logs_to_file(settings, "ingest", verbose=args.verbose) as log_path:
+        try:
+            code = _ingest(args, settings, out)
+        finally:
+            flush_observability()  # the spans still buffered, into the log file
+        if code != EXIT_OK:
+            print(f"agent-service: the run's log: {log_path}", file=sys.stderr)
+        return code
+
+
+def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    from rich.console import Console
+
+    from foundation.acl import parse_acl
+    from ingest_jobs.pipeline import IngestFailed, IngestOptions, effective_max_tokens, run_ingest
+    from retrieval.embedders import build_embedder
+    from serve_app.wiring import open_store
 
     if args.root:
         acl = parse_acl(csv_list(args.acl))
@@ -57,25 +75,19 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
                 batch_size=settings.embedding_batch_size,
                 max_tokens=max_tokens,
             )
-            with Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                transient=False,
-                disable=args.quiet or args.json_lines,
-            ) as bar:
-                task = bar.add_task("ingesting documents", total=None)
 
-                def progress(event: str, done: int, total: int) -> None:
-                    bar.update(task, completed=done, total=total)
-                    if args.json_lines:
-                        line = {"event": "progress", "done": done, "total": total}
-                        print(json.dumps(line), file=out, flush=True)
+            def progress(event: str, done: int, total: int) -> None:
+                line = {"event": "progress", "done": done, "total": total}
+                print(json.dumps(line), file=out, flush=True)
 
+            with IngestDisplay(console, enabled=not (args.quiet or args.json_lines)) as display:
                 report = await run_ingest(
-                    store, settings, options, embedder=embedder, progress=progress
+                    store,
+                    settings,
+                    options,
+                    embedder=embedder,
+                    progress=progress if args.json_lines else None,
+                    detail=display.update,
                 )
             return report.as_dict()
         finally:
@@ -107,6 +119,72 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
             file=out,
         )
     return EXIT_OK
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class IngestDisplay:
+    """A run on the terminal (stderr): one line for what discovery found, then a bar over the
+    chunks to embed, with the chunks embedded and the documents written so far. On a terminal
+    the bar redraws in place; piped, it is printed once, when the run ends."""
+
+    def __init__(self, console: Any, *, enabled: bool) -> None:
+        from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+        self._console = console
+        self._enabled = enabled
+        self._progress = Progress(
+            TextColumn("ingesting"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} chunks embedded,"),
+            TextColumn("{task.fields[written]}/{task.fields[documents]} documents written"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+        )
+        self._found = False
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> IngestDisplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._progress.stop()
+
+    def update(self, now: IngestProgress) -> None:
+        if not self._enabled:
+            return
+        if not self._found:  # the first update comes once the sources are counted
+            self._found = True
+            self._console.print(found_line(now), highlight=False)
+        if self._task is None:
+            if not now.documents:
+                return
+            self._progress.start()  # the bar only when there is something to ingest
+            self._task = self._progress.add_task(
+                "ingest", total=now.chunks, written=0, documents=now.documents
+            )
+        self._progress.update(
+            self._task,
+            completed=now.chunks_embedded,
+            total=max(now.chunks, now.chunks_embedded),
+            written=now.documents_written,
+            documents=now.documents,
+        )
+
+
+def found_line(now: IngestProgress) -> str:
+    """``found 26 documents: 3 to ingest (40 chunks), 23 unchanged``."""
+    line = f"found {_count(now.discovered, 'document')}: "
+    if now.documents:
+        line += f"{now.documents} to ingest ({_count(now.chunks, 'chunk')}), "
+        line += f"{now.unchanged} unchanged"
+    else:
+        line += f"nothing to ingest, {now.unchanged} unchanged"
+    return line + (f", {now.skipped} skipped" if now.skipped else "")
 
 
 def _embedder_window(settings: Settings) -> int:
@@ -238,7 +316,16 @@ def add_parsers(sub: Any) -> None:
     )
     ingest.add_argument("--actors", type=int, help="embedding actors (INGEST_EMBED_ACTORS)")
     ingest.add_argument("--json", action="store_true", help="print the report as JSON")
-    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.add_argument(
+        "--quiet", action="store_true", help="no progress display (documents found, the bar)"
+    )
+    ingest.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # else `agent-service -v ingest` would be reset to False
+        help="log and span lines on the terminal too (always in <home>/logs/ingest.log)",
+    )
     ingest.add_argument(
         "--json-lines",
         action="store_true",
