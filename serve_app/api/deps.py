@@ -1,6 +1,9 @@
 """FastAPI dependencies, as ``Annotated`` aliases (the full-stack template's style): the
 backend, the settings, the authorizer, the caller, and the admin gate of ``/ingest``; and
-what the routes take from the backend (its usage limits, feedback store and metrics sink)."""
+what the routes take from the backend (its usage limits, feedback store and metrics sink).
+
+The one module that reads ``app.state`` (``create_app`` sets ``backend``, ``settings`` and
+``authorizer`` there): the routes reach the service only through these dependencies."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from fastapi import Depends, Request
 
 from conversations.feedback import FeedbackStore
 from foundation.identity import AuthUser
+from foundation.settings import Settings
 from serve_app.api.errors import ApiError
-from serve_app.auth import CurrentUser, SettingsDep, get_settings, require_user
+from serve_app.auth import authenticate
 from serve_app.authz import CedarAuthorizer
 from serve_app.backend import ApiBackend
 from serve_app.limits import RequestLimits
@@ -35,6 +39,23 @@ __all__ = [
     "require_ingest_permission",
     "require_user",
 ]
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's ``Settings`` (``app.state.settings``, set by ``create_app``)."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+async def require_user(request: Request, settings: SettingsDep) -> AuthUser:
+    """The authenticated caller (raises ``serve_app.auth.AuthenticationError``: 401)."""
+    return authenticate(request.headers, request.cookies, settings)
+
+
+CurrentUser = Annotated[AuthUser, Depends(require_user)]
 
 
 def get_backend(request: Request) -> ApiBackend:

@@ -88,10 +88,11 @@ def _router(settings: Settings) -> APIRouter:
         return RedirectResponse(f"{prefix}{UI_PATH}/", status_code=307)
 
     @router.get(f"{UI_PATH}/session")
-    async def session(request: Request, authorizer: AuthorizerDep) -> JSONResponse:
+    async def session(
+        request: Request, settings: SettingsDep, authorizer: AuthorizerDep
+    ) -> JSONResponse:
         """Who the page's requests run as (null when unauthenticated, with the reason), what
         it may offer them, and whether the development sign-in exists here."""
-        settings: Settings = request.app.state.settings
         user: AuthUser | None
         reason = None
         try:
