@@ -3,7 +3,8 @@ backend, the settings, the authorizer, the caller, and the admin gate of ``/inge
 what the routes take from the backend (its usage limits, feedback store and metrics sink).
 
 The one module that reads ``app.state`` (``create_app`` sets ``backend``, ``settings`` and
-``authorizer`` there): the routes reach the service only through these dependencies."""
+``authorizer`` there): the routes reach the service only through these dependencies
+(``tests/serve_app/api/test_one_way_in.py``)."""
 
 from __future__ import annotations
 
