@@ -15,8 +15,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.answer import AgentAnswer, AgentEvent
-from agent.followups import PriorTurn
 from agent.llm.base import Message
+from agent.turns import PriorTurn
 from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
