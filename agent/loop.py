@@ -32,6 +32,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Unpack
 
 from opentelemetry import context as otel_context
 
@@ -49,18 +50,19 @@ from agent.llm.base import (
 )
 from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend
 from agent.prompts import IDK_MARKER, SystemPrompt, load_system_prompt
+from agent.request import AgentRequest, RequestFields
 from agent.run_state import Run
 from agent.strategy import AgenticStrategy, AgentKit, RunHooks, RunStart, RunStrategy
 from agent.streaming import stream_hop
 from agent.tool_calls import run_tool_calls
 from agent.tools.executor import ToolExecutor, ToolRequest
-from agent.turns import PriorTurn, prior_turns_from_history
+from agent.turns import prior_turns_from_history
 from agent.usage import PriceTable, RunUsage, default_price_table
 from foundation.identity import AuthUser
 from foundation.observability.attributes import provider_name
 from foundation.observability.spans import Observer
 
-__all__ = ["Agent", "AgentAnswer", "AgentConfig", "AgentEvent"]
+__all__ = ["Agent", "AgentAnswer", "AgentConfig", "AgentEvent", "AgentRequest"]
 
 log = logging.getLogger(__name__)
 
@@ -143,23 +145,10 @@ class Agent:
         (untraced); False when it has none or the model did not answer."""
         return await self.strategy.warm_up(self.llm.inner, self.kit)
 
-    async def answer(
-        self,
-        question: str,
-        user: AuthUser,
-        *,
-        model: str | None = None,
-        top_k: int | None = None,
-        history: Sequence[Message] = (),
-        earlier: Sequence[PriorTurn] = (),
-    ) -> AgentAnswer:
-        """Run the loop to completion (non-streaming model calls). ``history``: earlier
-        turns, ``user`` and ``assistant`` messages oldest first, sent between the system
-        prompt and the question (fitted to its budget by the caller: ``serve_app.history``).
-        ``earlier``: the same turns as a strategy reads them (``agent.turns``; never sent to
-        the model); empty: read back from ``history``."""
+    async def run(self, request: AgentRequest) -> AgentAnswer:
+        """Run the loop to completion (non-streaming model calls)."""
         done: AgentAnswer | None = None
-        events = self._run(question, user, model, top_k, False, history, earlier)
+        events = self._run(request, streaming=False)
         async with aclosing(events):
             async for event in events:
                 if isinstance(event, DoneEvent):
@@ -168,37 +157,38 @@ class Agent:
             raise RuntimeError("the agent loop ended without a done event")
         return done
 
-    async def stream(
-        self,
-        question: str,
-        user: AuthUser,
-        *,
-        model: str | None = None,
-        top_k: int | None = None,
-        history: Sequence[Message] = (),
-        earlier: Sequence[PriorTurn] = (),
-    ) -> AsyncIterator[AgentEvent]:
+    async def run_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         """Run the loop, yielding tool/token/citation events and finally one done event.
-        Closing the stream early (``aclose``, a client disconnect) cancels running tools.
-        ``history`` and ``earlier`` as for ``answer``."""
-        events = self._run(question, user, model, top_k, True, history, earlier)
+        Closing the stream early (``aclose``, a client disconnect) cancels running tools."""
+        events = self._run(request, streaming=True)
         async with aclosing(events):
             async for event in events:
                 yield event
 
+    async def answer(
+        self, question: str, user: AuthUser, **fields: Unpack[RequestFields]
+    ) -> AgentAnswer:
+        """``run`` of ``AgentRequest.of(question, user, **fields)`` (scripts and tests)."""
+        return await self.run(AgentRequest.of(question, user, **fields))
+
+    def stream(
+        self, question: str, user: AuthUser, **fields: Unpack[RequestFields]
+    ) -> AsyncIterator[AgentEvent]:
+        """``run_stream`` of ``AgentRequest.of(question, user, **fields)``."""
+        return self.run_stream(AgentRequest.of(question, user, **fields))
+
     # --- the loop -----------------------------------------------------------------------------
 
     async def _run(
-        self,
-        question: str,
-        user: AuthUser,
-        model: str | None,
-        top_k: int | None,
-        streaming: bool,
-        history: Sequence[Message],
-        earlier: Sequence[PriorTurn],
+        self, request: AgentRequest, *, streaming: bool
     ) -> AsyncGenerator[AgentEvent, None]:
         """The loop inside its run trace (``agent.answer``), started on the first event."""
+        question, user, model, history = (
+            request.question,
+            request.user,
+            request.model,
+            request.history,
+        )
         answering = model or self.llm.default_model
         trace = RunTrace.start(
             self.observer,
@@ -211,7 +201,7 @@ class Agent:
         )
         specs = tuple(self.tools.specs())
         run = Run(
-            request=ToolRequest(user=user, top_k=top_k),
+            request=ToolRequest(user=user, top_k=request.top_k),
             model=answering,
             usage=RunUsage(prices=self.prices),
             question=question,
@@ -223,7 +213,7 @@ class Agent:
             ],
             trace_id=trace.trace_id,
         )
-        earlier = tuple(earlier) or prior_turns_from_history(history)
+        earlier = request.earlier or prior_turns_from_history(history)
         hooks = self.strategy.begin(RunStart(run, self.kit, specs, model, earlier, trace))
         loop = self._loop(run, hooks, streaming, trace)
         # ``started`` goes out before any work, so a caller hears back at once.
