@@ -700,8 +700,8 @@ async def run_benchmark(options: Options) -> Report:
                 "command": "python -m bench.followups " + " ".join(sys.argv[1:]),
                 "corpus": f"{pages} pages, {chunks} chunks (ingest: {ingest.new} new, "
                 f"{ingest.unchanged} unchanged)",
-                "retriever": f"hybrid, RERANKER={settings.reranker}, top {K}, "
-                f"embedder {settings.embedding_model}",
+                "retriever": f"hybrid, RERANKER={settings.retrieval.reranker}, top {K}, "
+                f"embedder {settings.embedding.model}",
                 "model (end to end)": "scripted: cites every chunk it is shown "
                 "(json_schema mode, plan first, composed live answers)",
             }

@@ -132,7 +132,7 @@ async def pipeline_run(
         roots=roots,
         executor=executor,
         embed_actors=actors,
-        batch_size=settings.embedding_batch_size,
+        batch_size=settings.embedding.batch_size,
         max_tokens=max_tokens,
     )
     store, db = await fresh_store(admin_url)
@@ -230,7 +230,7 @@ async def measure(
     files = discover(roots)
     texts = chunk_texts(files, embedder.name, max_tokens)
     print(f"\n{name}: {len(files)} documents, {len(texts)} chunks", flush=True)
-    batch = settings.embedding_batch_size
+    batch = settings.embedding.batch_size
     in_order_s = raw_encode_seconds(embedder, texts, in_order_batch=batch)
     in_order_rate = len(texts) / in_order_s
     print(f"raw, in order  {in_order_rate:7.1f} chunks/s  ({in_order_s:.1f}s)", flush=True)
@@ -262,11 +262,8 @@ async def measure(
             flush=True,
         )
         cells[executor] = f"{report.seconds:.1f} s, {rate:.1f}/s, {rate / raw_rate:.2f}x raw"
-    saved = os.environ.pop("RAY_ADDRESS")  # auto on this machine alone, no running cluster
-    try:
-        auto = choose_executor("auto", len(texts), settings)
-    finally:
-        os.environ["RAY_ADDRESS"] = saved
+    # auto on this machine alone, no running cluster
+    auto = choose_executor("auto", len(texts), settings.model_copy(update={"ray_address": None}))
     return (
         f"| {name} | {len(files)} | {len(texts)} | {in_order_s:.1f} s, "
         f"{in_order_rate:.1f}/s | {raw_s:.1f} s, {raw_rate:.1f}/s | "

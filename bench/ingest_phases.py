@@ -237,7 +237,9 @@ async def main_async(corpus: str, order: list[str], actors: int) -> None:
 
         start_ray(settings)
         # The pipeline's Ray process joins this Ray: its start stays out of the runs.
-        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        address = ray.get_runtime_context().gcs_address
+        os.environ["RAY_ADDRESS"] = address
+        settings = settings.model_copy(update={"ray_address": address})
     paragraphs = build_texts(int(corpus), 0, seed=15)[0] if corpus.isdigit() else []
     tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-phases-"))
     try:

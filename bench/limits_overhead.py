@@ -60,7 +60,7 @@ async def _scratch_url() -> str:
     settings = load_settings()
     url = with_database(await resolve_database_url(settings), SCRATCH)
     await ensure_database_exists(with_database(url, "postgres"), SCRATCH)
-    await asyncio.to_thread(migrate, url, settings.resolved_embedding_dim)
+    await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("TRUNCATE usage_counters")

@@ -162,13 +162,13 @@ async def open_sample_store(
     admin_url = with_database(server_url, "postgres")  # where CREATE DATABASE runs
     await ensure_database_exists(admin_url, database)
     url = with_database(server_url, database)
-    await asyncio.to_thread(migrate, url, settings.resolved_embedding_dim)
+    await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
     store = await connect_store(settings, url)
     options = IngestOptions(
         roots=sample_doc_roots(ROOT),
         prune=True,
         executor="local",
-        batch_size=settings.embedding_batch_size,
+        batch_size=settings.embedding.batch_size,
         max_tokens=effective_max_tokens(settings, embedder.max_tokens),
     )
     try:
@@ -210,23 +210,23 @@ def context_lines(
 def run_context(settings: Settings, reranker: Reranker, corpus: str) -> dict[str, str]:
     """The facts every report of this command starts with."""
     noop = reranker.name == "noop"
+    r = settings.retrieval
     return {
         "date": date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}",
         "command": "python -m bench.retrieval_quality " + " ".join(sys.argv[1:]),
         "corpus": corpus,
-        "embedder": settings.embedding_model,
+        "embedder": settings.embedding.model,
         "reranker": "noop: the hybrid + reranker column equals hybrid by construction "
         "(RERANKER=noop keeps the fused order)"
         if noop
-        else f"{reranker.name} (RERANKER={settings.reranker})",
-        "depths": f"TOP_K_VECTOR {settings.top_k_vector}, TOP_K_KEYWORD "
-        f"{settings.top_k_keyword}, TOP_K_RERANK {settings.top_k_rerank}, TOP_K_FINAL "
-        f"{settings.top_k_final}, RRF_K {settings.rrf_k}, RRF_KEYWORD_WEIGHT "
-        f"{settings.rrf_keyword_weight}, KEYWORD_RANKING {settings.keyword_ranking}, "
-        f"KEYWORD_COMMON_ROWS {settings.keyword_common_rows}, CHUNK_MAX_TOKENS "
-        f"{settings.chunk_max_tokens}",
+        else f"{reranker.name} (RERANKER={settings.retrieval.reranker})",
+        "depths": f"TOP_K_VECTOR {r.top_k_vector}, TOP_K_KEYWORD {r.top_k_keyword}, "
+        f"TOP_K_RERANK {r.top_k_rerank}, TOP_K_FINAL {r.top_k_final}, RRF_K {r.rrf_k}, "
+        f"RRF_KEYWORD_WEIGHT {r.rrf_keyword_weight}, KEYWORD_RANKING {r.keyword_ranking}, "
+        f"KEYWORD_COMMON_ROWS {r.keyword_common_rows}, CHUNK_MAX_TOKENS "
+        f"{settings.ingestion.chunk_max_tokens}",
     }
 
 
@@ -259,10 +259,12 @@ async def run_benchmark(
     reranker = build_reranker(settings)
     store, ingest = await open_sample_store(settings, options.database, queries.inner)
     try:
-        report = QualityReport(dataset, settings.top_k_final, [])
+        report = QualityReport(dataset, settings.retrieval.top_k_final, [])
         for name, searcher in configurations(settings, store, queries, reranker).items():
             started = time.perf_counter()
-            report.configs.append(await score_config(dataset, searcher, name, settings.top_k_final))
+            report.configs.append(
+                await score_config(dataset, searcher, name, settings.retrieval.top_k_final)
+            )
             seconds = time.perf_counter() - started
             print(f"{name}: {len(dataset.rows)} questions in {seconds:.1f} s", file=sys.stderr)
         report.context.update(context_lines(settings, ingest, await store.counts(), reranker))
@@ -340,7 +342,7 @@ async def open_text_store(
         finally:
             await conn.close()
     await ensure_database_exists(admin_url, database)
-    await asyncio.to_thread(migrate, url, settings.resolved_embedding_dim)
+    await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
     started = time.perf_counter()
     corpus = Corpus(vectors, [TEXT_ACL] * len(items.texts), items.texts)
     await load(asyncpg_url(url), corpus, np.random.default_rng(0))
@@ -367,7 +369,9 @@ async def run_known_item(
             options.split,
         )
         title = f"Known-item search over {size:,} docstring paragraphs"
-        report = KnownItemReport(title, settings.top_k_final, settings.top_k_rerank, [])
+        report = KnownItemReport(
+            title, settings.retrieval.top_k_final, settings.retrieval.top_k_rerank, []
+        )
         try:
             for name, searcher in configurations(settings, store, queries, reranker).items():
                 started = time.perf_counter()
@@ -375,8 +379,8 @@ async def run_known_item(
                     known,
                     searcher,
                     name,
-                    final_k=settings.top_k_final,
-                    pool=settings.top_k_rerank,
+                    final_k=settings.retrieval.top_k_final,
+                    pool=settings.retrieval.top_k_rerank,
                     acl=[TEXT_ACL],
                 )
                 report.configs.append(scores)

@@ -149,13 +149,13 @@ class Scored:
 
 def defaults_point(settings: Settings) -> Point:
     return Point(
-        settings.chunk_max_tokens,
-        settings.keyword_ranking,
-        settings.keyword_common_rows,
-        settings.top_k_vector,
-        settings.top_k_keyword,
-        settings.rrf_k,
-        settings.rrf_keyword_weight,
+        settings.ingestion.chunk_max_tokens,
+        settings.retrieval.keyword_ranking,
+        settings.retrieval.keyword_common_rows,
+        settings.retrieval.top_k_vector,
+        settings.retrieval.top_k_keyword,
+        settings.retrieval.rrf_k,
+        settings.retrieval.rrf_keyword_weight,
     )
 
 
@@ -239,8 +239,8 @@ def retriever(
     config = RetrievalConfig(
         top_k_vector=kv,
         top_k_keyword=kk,
-        top_k_rerank=settings.top_k_rerank,
-        top_k_final=settings.top_k_final,
+        top_k_rerank=settings.retrieval.top_k_rerank,
+        top_k_final=settings.retrieval.top_k_final,
         rrf_k=rrf_k,
         keyword_weight=weight,
     )
@@ -263,10 +263,10 @@ async def ranked_stores(
         for rows in grid.common_rows:
             store = await PgDocumentStore.connect(
                 url,
-                embedding_dim=settings.resolved_embedding_dim,
+                embedding_dim=settings.embedding.resolved_dim,
                 min_size=1,
                 max_size=2,
-                ef_search=settings.hnsw_ef_search,
+                ef_search=settings.retrieval.hnsw_ef_search,
                 keyword_common_rows=rows,
                 keyword_ranking=_ranking(ranking),
             )
@@ -327,7 +327,9 @@ async def sweep_sample(
             try:
                 for kv, kk, rrf_k, weight in grid.fusion():
                     searcher = retriever(deep, queries, settings, kv, kk, rrf_k, weight)
-                    scores = await score_config(dataset, searcher, "hybrid", settings.top_k_final)
+                    scores = await score_config(
+                        dataset, searcher, "hybrid", settings.retrieval.top_k_final
+                    )
                     point = Point(chunk, ranking, rows, kv, kk, rrf_k, weight)
                     scored.append(
                         Scored(
@@ -394,8 +396,8 @@ async def sweep_known_items(
                     known,
                     searcher,
                     "hybrid",
-                    final_k=settings.top_k_final,
-                    pool=settings.top_k_rerank,
+                    final_k=settings.retrieval.top_k_final,
+                    pool=settings.retrieval.top_k_rerank,
                     acl=[TEXT_ACL],
                 )
                 point = Point(0, ranking, rows, kv, kk, rrf_k, weight)

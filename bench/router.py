@@ -218,7 +218,7 @@ async def run_benchmark(options: Options) -> Report:
                 "date": date.today().isoformat(),
                 "command": "python -m bench.router " + " ".join(sys.argv[1:]),
                 "dataset": f"{options.dataset.relative_to(ROOT)} ({len(cases)} rows)",
-                "corpus": f"{pages} pages, {chunks} chunks; embedder {settings.embedding_model}",
+                "corpus": f"{pages} pages, {chunks} chunks; embedder {settings.embedding.model}",
             }
         )
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shlex
 import sys
 import time
@@ -69,17 +68,19 @@ _JOB_STATUS: dict[str, IngestStatus] = {
 
 def ingest_job_env(settings: Settings) -> dict[str, str]:
     """The settings the job needs, made absolute: the job's working directory is Ray's."""
-    roots = ",".join(f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.doc_root_acls)
+    roots = ",".join(
+        f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.ingestion.doc_root_acls
+    )
     env = {
         "DOC_ROOTS": roots,
         "AGENT_SERVICE_HOME": str(settings.home),
-        "EMBEDDING_BACKEND": settings.embedding_backend,
-        "EMBEDDING_MODEL": settings.embedding_model,
-        "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
+        "EMBEDDING_BACKEND": settings.embedding.backend,
+        "EMBEDDING_MODEL": settings.embedding.model,
+        "EMBEDDING_DIM": str(settings.embedding.resolved_dim),
         "HF_HUB_OFFLINE": "1",
     }
-    if settings.database_url:
-        env["DATABASE_URL"] = settings.database_url
+    if settings.database.url:
+        env["DATABASE_URL"] = settings.database.url
     return env
 
 
@@ -159,12 +160,12 @@ class ServeBackend:
             params.earlier,
         )
         try:
-            async with asyncio.timeout(self._settings.ask_timeout_seconds):
+            async with asyncio.timeout(self._settings.http.ask_timeout_seconds):
                 answer: AgentAnswer = await response
         except TimeoutError:
             response.cancel()  # type: ignore[no-untyped-call]
             raise BackendTimeout(
-                f"no answer within {self._settings.ask_timeout_seconds:.0f} s; try again"
+                f"no answer within {self._settings.http.ask_timeout_seconds:.0f} s; try again"
             ) from None
         except RayActorError as exc:
             # The AgentLoop replica died (or became unreachable) under this request: Serve
@@ -201,7 +202,7 @@ class ServeBackend:
         if self._jobs is None:
             from ray.job_submission import JobSubmissionClient
 
-            self._jobs = JobSubmissionClient(os.environ.get("RAY_JOBS_ADDRESS") or None)
+            self._jobs = JobSubmissionClient(self._settings.ray.jobs_address)
         return self._jobs
 
     async def start_ingest(self, user: AuthUser, request: IngestRequest) -> IngestRun:

@@ -74,8 +74,8 @@ class RetrieverDeployment:
         self.embedder = build_embedder(settings)
         ranker: Reranker = (
             NoopReranker()
-            if settings.reranker == "noop"
-            else _HandleReranker(settings.reranker_model or "cross-encoder", reranker)
+            if settings.retrieval.reranker == "noop"
+            else _HandleReranker(settings.retrieval.reranker_model or "cross-encoder", reranker)
         )
         # Opened on first use (and again after a failure), so a replica starts and reports
         # "database down" through /readyz instead of crash-looping while it is away.

@@ -102,7 +102,7 @@ class EvalOptions:
 
 
 def default_base_url(settings: Settings) -> str:
-    return f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+    return f"http://{settings.serve.host}:{settings.serve.port}{settings.http.api_prefix}"
 
 
 def model_slug(model: str) -> str:

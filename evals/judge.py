@@ -407,8 +407,8 @@ class JudgeConfig:
         from agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY
         from foundation.settings import SettingsError
 
-        base_url = settings.judge_base_url or settings.llm_base_url
-        key = settings.llm_api_key.get_secret_value().strip() if settings.llm_api_key else ""
+        base_url = settings.evals.judge_base_url or settings.llm.base_url
+        key = settings.llm.api_key.get_secret_value().strip() if settings.llm.api_key else ""
         if not key:
             if not _is_loopback(base_url):
                 raise SettingsError(
@@ -418,11 +418,11 @@ class JudgeConfig:
                 )
             key = LOCAL_PLACEHOLDER_KEY
         return cls(
-            model=model or settings.judge_model,
+            model=model or settings.evals.judge_model,
             base_url=base_url,
             api_key=key,
-            timeout_seconds=settings.llm_timeout_seconds,
-            max_retries=settings.llm_max_retries,
+            timeout_seconds=settings.llm.timeout_seconds,
+            max_retries=settings.llm.max_retries,
         )
 
     def build(self) -> Judge:

@@ -208,7 +208,11 @@ class _TokenRefused(Exception):
 
 def eval_secret(settings: Settings) -> str:
     """EVAL_JWT_SECRET, or ``EvalConfigError`` saying it is needed."""
-    secret = settings.eval_jwt_secret.get_secret_value().strip() if settings.eval_jwt_secret else ""
+    secret = (
+        settings.auth.eval_jwt_secret.get_secret_value().strip()
+        if settings.auth.eval_jwt_secret
+        else ""
+    )
     if not secret:
         raise EvalConfigError(
             "EVAL_JWT_SECRET is not set: the eval runner signs its own HS256 tokens with it "
@@ -555,11 +559,11 @@ async def run_eval(
     base_url = base_url.rstrip("/")
     console = console or Console(file=sys.stderr)
     warnings: list[str] = []
-    configured = model or settings.answer_model
+    configured = model or settings.llm.answer_model
     early = same_family(judge.model, [configured]) if judge is not None else None
     if early:
         loud_warning(console, early)
-    timeout = httpx.Timeout(timeout_seconds or settings.ask_timeout_seconds + 15, connect=10.0)
+    timeout = httpx.Timeout(timeout_seconds or settings.http.ask_timeout_seconds + 15, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     started_at = datetime.now(UTC)
     # ``transport``: tests hand in an ``httpx.MockTransport`` (no sockets)

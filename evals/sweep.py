@@ -9,7 +9,6 @@ Markdown table and a PNG of pass rate against cost.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,13 +54,13 @@ def run_model(
     return asyncio.run(go())
 
 
-def _ensure_ray(num_cpus: int | None) -> bool:
-    """Connect to RAY_ADDRESS, or start a private local Ray; True when started here."""
+def _ensure_ray(num_cpus: int | None, address: str | None) -> bool:
+    """Connect to ``address`` (RAY_ADDRESS), or start a private local Ray; True when started
+    here."""
     import ray
 
     if ray.is_initialized():
         return False
-    address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
@@ -93,7 +92,7 @@ def run_sweep(
         raise ValueError("a sweep needs at least one model")
     import ray
 
-    started = _ensure_ray(num_cpus)
+    started = _ensure_ray(num_cpus, settings.ray.address)
     try:
         task: Any = ray.remote(num_cpus=task_cpus, max_retries=0)(run_model)
         refs = [

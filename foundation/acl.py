@@ -14,6 +14,13 @@ from foundation.roles import ROLE_WEIGHTS
 ROLE_PREFIX = "role:"
 DOMAIN_PREFIX = "domain:"
 
+# DOC_ROOTS' default: the folders ingestion reads, each with the ACL of pages without
+# front-matter permissions (``DIR=ACL``).
+DEFAULT_DOC_ROOTS = (
+    "documentation/user=",
+    "documentation/developer=role:business_staff",
+)
+
 
 class AclError(ValueError):
     """An ACL entry that is not ``role:<known role>`` or ``domain:<name>``."""

@@ -171,8 +171,8 @@ async def ensure_database_exists(admin_url: str, database: str) -> None:
 
 async def resolve_database_url(settings: Settings) -> str:
     """DATABASE_URL when set; otherwise the embedded server's database, started on demand."""
-    if settings.database_url:
-        return asyncpg_url(settings.database_url)
+    if settings.database.url:
+        return asyncpg_url(settings.database.url)
     server = start_embedded(settings.home)
     await ensure_database_exists(server.admin_url, EMBEDDED_DATABASE)
     return server.url()

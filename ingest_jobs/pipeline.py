@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import queue
 import threading
 import time
@@ -186,9 +185,9 @@ def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Exe
     in-process rate, so small and medium corpora are several times faster in-process."""
     if requested != "auto":
         return requested
-    if os.environ.get("RAY_ADDRESS"):
+    if settings.ray.address:
         return "ray"
-    return "ray" if chunks >= settings.ingest_ray_min_chunks else "local"
+    return "ray" if chunks >= settings.ingestion.ray_min_chunks else "local"
 
 
 # ``INGEST_DEFER_VECTOR_INDEX=auto``: a run embedding fewer chunks inserts into the index (a
@@ -201,8 +200,8 @@ def defer_vector_index(settings: Settings, new_chunks: int, stored_chunks: int) 
     index and builds it after. Building costs ~0.4 ms of CPU per vector of the whole store,
     inserting ~2 ms per new vector (10,000 vectors on this machine), so ``auto`` defers from a
     quarter of the store's size."""
-    if settings.ingest_defer_vector_index != "auto":
-        return settings.ingest_defer_vector_index == "always"
+    if settings.ingestion.defer_vector_index != "auto":
+        return settings.ingestion.defer_vector_index == "always"
     return new_chunks >= DEFER_INDEX_MIN_CHUNKS and 4 * new_chunks >= stored_chunks
 
 
@@ -243,7 +242,7 @@ async def _build_vector_index(store: VectorIndexOwner) -> None:
 
 def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
     """The chunk budget, kept under the embedder's window with room for the section path."""
-    return max(16, min(settings.chunk_max_tokens, embedder_max_tokens - 48))
+    return max(16, min(settings.ingestion.chunk_max_tokens, embedder_max_tokens - 48))
 
 
 def mean_input_chars(chunks: Sequence[Chunk]) -> float:
@@ -651,13 +650,13 @@ async def _run_ingest(
         report.discovered = len(files)
         stored = await store.documents()
         span.set_attribute("ingest.discovered", len(files))
-    embedder_name = settings.embedding_model if embedder is None else embedder.name
+    embedder_name = settings.embedding.model if embedder is None else embedder.name
     if embedder_name in {"sentence-transformers/all-MiniLM-L6-v2"}:
         embedder_name = "all-MiniLM-L6-v2"
 
     tokenizer_path = (
-        resolve_local_model(settings.embedding_model)
-        if settings.embedding_backend == "sentence-transformers"
+        resolve_local_model(settings.embedding.model)
+        if settings.embedding.backend == "sentence-transformers"
         else None
     )
     counter = token_counter(tokenizer_path)
@@ -730,7 +729,7 @@ async def _run_ingest(
                     attributes={
                         attr.LANGFUSE_TYPE: "embedding",
                         attr.GEN_AI_OPERATION: "embeddings",
-                        attr.GEN_AI_REQUEST_MODEL: settings.embedding_model,
+                        attr.GEN_AI_REQUEST_MODEL: settings.embedding.model,
                         "ingest.documents": len(pending),
                     },
                 )

@@ -96,18 +96,18 @@ TEXT_COLUMNS = frozenset({"source", "id", "text", "section", "kind"})
 def _settings_env(settings: Settings) -> dict[str, str]:
     """The embedder's settings as environment variables, for Ray workers."""
     env = {
-        "EMBEDDING_BACKEND": settings.embedding_backend,
-        "EMBEDDING_MODEL": settings.embedding_model,
-        "EMBEDDING_DIM": str(settings.resolved_embedding_dim),
-        "EMBEDDING_BATCH_SIZE": str(settings.embedding_batch_size),
-        "EMBEDDING_DTYPE": settings.embedding_dtype,
-        "LLM_BASE_URL": settings.llm_base_url,
+        "EMBEDDING_BACKEND": settings.embedding.backend,
+        "EMBEDDING_MODEL": settings.embedding.model,
+        "EMBEDDING_DIM": str(settings.embedding.resolved_dim),
+        "EMBEDDING_BATCH_SIZE": str(settings.embedding.batch_size),
+        "EMBEDDING_DTYPE": settings.embedding.dtype,
+        "LLM_BASE_URL": settings.llm.base_url,
         "HF_HUB_OFFLINE": "1",
     }
-    if settings.embedding_base_url:
-        env["EMBEDDING_BASE_URL"] = settings.embedding_base_url
-    if settings.llm_api_key:
-        env["LLM_API_KEY"] = settings.llm_api_key.get_secret_value()
+    if settings.embedding.base_url:
+        env["EMBEDDING_BASE_URL"] = settings.embedding.base_url
+    if settings.llm.api_key:
+        env["LLM_API_KEY"] = settings.llm.api_key.get_secret_value()
     return env
 
 
@@ -123,7 +123,7 @@ def start_ray(settings: Settings) -> None:
 
     if ray.is_initialized():
         return
-    address = os.environ.get("RAY_ADDRESS")
+    address = settings.ray.address
     if address:
         ray.init(address=address, log_to_driver=False)
         return
@@ -133,8 +133,8 @@ def start_ray(settings: Settings) -> None:
     # On a cluster, `ray job submit` sets RAY_ADDRESS.
     ray.init(
         address="local",
-        num_cpus=settings.ingest_cpus,
-        object_store_memory=settings.ingest_object_store_mb * 1024 * 1024,
+        num_cpus=settings.ingestion.cpus,
+        object_store_memory=settings.ingestion.object_store_mb * 1024 * 1024,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
@@ -157,7 +157,7 @@ def iter_ray(
     ctx.verbose_progress = False
 
     threads = max(1, (os.cpu_count() or 1) // work.embed_actors)
-    streams = stream_count(settings.embedding_streams, threads) if streams_pay(work.chunks) else 1
+    streams = stream_count(settings.embedding.streams, threads) if streams_pay(work.chunks) else 1
     ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
     ds = ds.map_batches(
         _ChunkEmbedActor,
@@ -175,7 +175,7 @@ def iter_ray(
             max_concurrent_calls_per_actor=streams,
             enable_true_multi_threading=streams > 1,
         ),
-        num_cpus=min(1.0, settings.ingest_cpus / (work.embed_actors + 1)),
+        num_cpus=min(1.0, settings.ingestion.cpus / (work.embed_actors + 1)),
     )
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 

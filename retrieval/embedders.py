@@ -355,31 +355,31 @@ class OpenAIEmbedder:
 def build_embedder(settings: Settings) -> Embedder:
     """The configured embedder, checked against EMBEDDING_DIM (an error now, not a failed
     insert later)."""
-    dim = settings.resolved_embedding_dim
-    if settings.embedding_backend == "openai":
-        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+    dim = settings.embedding.resolved_dim
+    if settings.embedding.backend == "openai":
+        key = settings.llm.api_key.get_secret_value() if settings.llm.api_key else None
         return OpenAIEmbedder(
-            settings.embedding_model,
-            base_url=settings.embedding_base_url or settings.llm_base_url,
+            settings.embedding.model,
+            base_url=settings.embedding.base_url or settings.llm.base_url,
             api_key=key,
             dim=dim,
-            batch_size=settings.embedding_batch_size,
-            timeout=settings.llm_timeout_seconds,
-            max_retries=settings.llm_max_retries,
+            batch_size=settings.embedding.batch_size,
+            timeout=settings.llm.timeout_seconds,
+            max_retries=settings.llm.max_retries,
         )
-    if not Path(settings.embedding_model).exists() and settings.embedding_model not in MINILM_NAMES:
+    if not Path(settings.embedding.model).exists() and settings.embedding.model not in MINILM_NAMES:
         log.info(
-            "EMBEDDING_MODEL %s is not a folder; trying the local cache", settings.embedding_model
+            "EMBEDDING_MODEL %s is not a folder; trying the local cache", settings.embedding.model
         )
     embedder = SentenceTransformerEmbedder(
-        settings.embedding_model,
-        batch_size=settings.embedding_batch_size,
-        dtype=settings.embedding_dtype,
-        streams=settings.embedding_streams,
+        settings.embedding.model,
+        batch_size=settings.embedding.batch_size,
+        dtype=settings.embedding.dtype,
+        streams=settings.embedding.streams,
     )
     if embedder.dim != dim:
         raise EmbedderError(
-            f"EMBEDDING_DIM is {dim} but EMBEDDING_MODEL={settings.embedding_model} "
+            f"EMBEDDING_DIM is {dim} but EMBEDDING_MODEL={settings.embedding.model} "
             f"produces {embedder.dim}-dimensional vectors"
         )
     return embedder

@@ -109,8 +109,10 @@ class CrossEncoderReranker:
 
 
 def build_reranker(settings: Settings) -> Reranker:
-    if settings.reranker == "cross-encoder" and settings.reranker_model:
-        return CrossEncoderReranker(resolve_reranker_model(settings.reranker_model, settings.home))
+    if settings.retrieval.reranker == "cross-encoder" and settings.retrieval.reranker_model:
+        return CrossEncoderReranker(
+            resolve_reranker_model(settings.retrieval.reranker_model, settings.home)
+        )
     log.info(
         "reranker: noop (fused order kept). Set RERANKER=cross-encoder and RERANKER_MODEL to a "
         "sentence-transformers CrossEncoder name or folder (or `trained`: the one "

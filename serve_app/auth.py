@@ -78,10 +78,10 @@ def authenticate(
             raise AuthenticationError(f"invalid {CLAIMS_HEADER} header: {exc}") from None
     token = _token(headers, cookies)
     if token is None:
-        if not settings.require_auth:
+        if not settings.auth.require_auth:
             return AuthUser.anonymous_user()
         raise AuthenticationError(_missing_message(settings))
-    return verify_eval_token(token, settings.eval_jwt_secret)
+    return verify_eval_token(token, settings.auth.eval_jwt_secret)
 
 
 def verify_eval_token(token: str, secret: SecretStr | str | None) -> AuthUser:
@@ -131,7 +131,7 @@ def verify_eval_token(token: str, secret: SecretStr | str | None) -> AuthUser:
 
 def warn_if_auth_disabled(settings: Settings) -> None:
     """Startup warnings: authentication off, or a weak eval secret."""
-    if not settings.require_auth:
+    if not settings.auth.require_auth:
         banner = "!" * 78
         log.warning(
             "\n%s\nREQUIRE_AUTH=false: requests without credentials run as an ANONYMOUS user."
@@ -139,7 +139,7 @@ def warn_if_auth_disabled(settings: Settings) -> None:
             banner,
             banner,
         )
-    key = secret_value(settings.eval_jwt_secret)
+    key = secret_value(settings.auth.eval_jwt_secret)
     if key:
         log.warning(
             "EVAL_JWT_SECRET is set: self-minted HS256 eval tokens are accepted "
@@ -194,6 +194,6 @@ def _token(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | None
 
 def _missing_message(settings: Settings) -> str:
     message = f"authentication required: send the {CLAIMS_HEADER} header"
-    if secret_value(settings.eval_jwt_secret):
+    if secret_value(settings.auth.eval_jwt_secret):
         message += f", or an eval token as a Bearer token or the {EVAL_TOKEN_COOKIE} cookie"
     return message

@@ -129,14 +129,14 @@ class LangfuseScores:
 def langfuse_scores(settings: Settings) -> LangfuseScores | None:
     """The scores endpoint when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is Langfuse's OTLP endpoint
     and ``OTEL_EXPORTER_OTLP_HEADERS`` holds its Basic credentials; else None."""
-    endpoint = settings.otel_exporter_otlp_endpoint
-    if not endpoint or settings.otel_sdk_disabled:
+    endpoint = settings.observability.otlp_endpoint
+    if not endpoint or settings.observability.sdk_disabled:
         return None
     parsed = urlparse(endpoint)
     path = parsed.path.rstrip("/").removesuffix("/v1/traces")
     if not path.endswith(LANGFUSE_OTLP_PATH):
         return None
-    raw = settings.otel_exporter_otlp_headers
+    raw = settings.observability.otlp_headers
     authorization = parse_otlp_headers(raw.get_secret_value() if raw else None).get(
         "authorization", ""
     )
@@ -224,16 +224,20 @@ async def attach_to_trace(
 ) -> str:
     """Put the rating on the turn's trace (see the module docstring); what was done:
     ``score``, ``score_failed``, ``span``, ``failed`` or ``off``. Never raises."""
-    if settings.otel_sdk_disabled:
+    if settings.observability.sdk_disabled:
         return "off"
     try:
         target = langfuse_scores(settings)
         if target is not None and receipt.trace_id:
             sent = await post_score(
-                target, receipt, feedback, payloads=settings.observe_payloads, client=client
+                target,
+                receipt,
+                feedback,
+                payloads=settings.observability.observe_payloads,
+                client=client,
             )
             return "score" if sent else "score_failed"
-        record_span(receipt, feedback, payloads=settings.observe_payloads)
+        record_span(receipt, feedback, payloads=settings.observability.observe_payloads)
         return "span"
     except Exception:  # a rating is stored whatever happens to its trace
         log.exception("feedback on trace %s: not attached", receipt.trace_id)

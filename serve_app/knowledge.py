@@ -23,12 +23,12 @@ async def connect_store(settings: Settings, url: str) -> PgDocumentStore:
     """A pool on ``url``; checks the schema is at head with EMBEDDING_DIM."""
     return await PgDocumentStore.connect(
         url,
-        embedding_dim=settings.resolved_embedding_dim,
-        min_size=settings.db_pool_min_size,
-        max_size=settings.db_pool_max_size,
-        ef_search=settings.hnsw_ef_search,
-        keyword_common_rows=settings.keyword_common_rows,
-        keyword_ranking=settings.keyword_ranking,
+        embedding_dim=settings.embedding.resolved_dim,
+        min_size=settings.database.pool_min_size,
+        max_size=settings.database.pool_max_size,
+        ef_search=settings.retrieval.hnsw_ef_search,
+        keyword_common_rows=settings.retrieval.keyword_common_rows,
+        keyword_ranking=settings.retrieval.keyword_ranking,
     )
 
 

@@ -161,8 +161,8 @@ class LazyUsageStore:
         settings = self._settings
         return await PgUsageStore.connect(
             await resolve_database_url(settings),
-            min_size=min(1, settings.db_pool_min_size),
-            max_size=settings.db_pool_max_size,
+            min_size=min(1, settings.database.pool_min_size),
+            max_size=settings.database.pool_max_size,
         )
 
     async def admit(
@@ -187,14 +187,14 @@ class LazyUsageStore:
 
 def policy_from_settings(settings: Settings) -> LimitPolicy:
     return LimitPolicy(
-        user_requests_per_minute=settings.rate_limit_user_per_minute,
-        domain_requests_per_minute=settings.rate_limit_domain_per_minute,
-        user_tokens=settings.budget_user_tokens,
-        domain_tokens=settings.budget_domain_tokens,
-        user_cost_usd=settings.budget_user_cost_usd,
-        domain_cost_usd=settings.budget_domain_cost_usd,
-        period=settings.budget_period,
-        elevated_factor=settings.limits_elevated_factor,
+        user_requests_per_minute=settings.limits.rate_limit_user_per_minute,
+        domain_requests_per_minute=settings.limits.rate_limit_domain_per_minute,
+        user_tokens=settings.limits.budget_user_tokens,
+        domain_tokens=settings.limits.budget_domain_tokens,
+        user_cost_usd=settings.limits.budget_user_cost_usd,
+        domain_cost_usd=settings.limits.budget_domain_cost_usd,
+        period=settings.limits.budget_period,
+        elevated_factor=settings.limits.elevated_factor,
     )
 
 
@@ -458,7 +458,7 @@ def build_request_limits(
     return RequestLimits(
         policy,
         store if store is not None else LazyUsageStore(settings),
-        fail_open=settings.limits_fail_open,
+        fail_open=settings.limits.fail_open,
         clock=clock,
         metrics=metrics,
     )

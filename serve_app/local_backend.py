@@ -185,11 +185,11 @@ class LocalBackend:
         try:
             store = await self.store.get()
             options = IngestOptions(
-                roots=[(path, list(acl)) for path, acl in settings.doc_root_acls],
+                roots=[(path, list(acl)) for path, acl in settings.ingestion.doc_root_acls],
                 prune=request.prune,
                 executor="local",
-                embed_actors=settings.ingest_embed_actors,
-                batch_size=settings.embedding_batch_size,
+                embed_actors=settings.ingestion.embed_actors,
+                batch_size=settings.embedding.batch_size,
                 max_tokens=effective_max_tokens(settings, self.embedder.max_tokens),
             )
             report = await run_ingest(
@@ -230,7 +230,7 @@ class LocalBackend:
 
     async def readiness(self) -> Readiness:
         checks = await self._database_checks()
-        expected = self.settings.resolved_embedding_dim
+        expected = self.settings.embedding.resolved_dim
         dim_ok = self.embedder.dim == expected
         checks.append(
             ReadinessCheck(

@@ -44,21 +44,21 @@ def check_model_override(
 ) -> str:
     """The answer model to use for this request; raises a ``ModelOverrideError``."""
     requested = (requested_model or "").strip()
-    if not requested or requested == settings.answer_model:
-        return settings.answer_model
+    if not requested or requested == settings.llm.answer_model:
+        return settings.llm.answer_model
     if not authorizer.can_override_model(
         user, requested, min_role_weight=settings.role_weight_min_override
     ):
         raise OverrideForbidden(
-            f"overriding the answer model requires the {settings.model_override_min_role} "
+            f"overriding the answer model requires the {settings.llm.model_override_min_role} "
             "role or above"
         )
-    if requested == settings.embedding_model:
+    if requested == settings.embedding.model:
         raise OverrideNotAllowed(
             f"{requested!r} is the embedding model; only the answer model can be overridden"
         )
-    if settings.allowed_models and requested not in settings.allowed_models:
+    if settings.llm.allowed_models and requested not in settings.llm.allowed_models:
         raise OverrideNotAllowed(
-            f"model {requested!r} is not allowed; allowed: {', '.join(settings.allowed_models)}"
+            f"model {requested!r} is not allowed; allowed: {', '.join(settings.llm.allowed_models)}"
         )
     return requested

@@ -36,7 +36,7 @@ async def store_checks(store: PgDocumentStore, settings: Settings) -> list[Readi
             async with store.pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")
                 try:
-                    await check_schema(conn, settings.resolved_embedding_dim)
+                    await check_schema(conn, settings.embedding.resolved_dim)
                 except DatabaseError as exc:
                     return [
                         ReadinessCheck(name="database", ok=True),
@@ -50,14 +50,14 @@ async def store_checks(store: PgDocumentStore, settings: Settings) -> list[Readi
     return [
         ReadinessCheck(name="database", ok=True),
         ReadinessCheck(
-            name="schema", ok=True, detail=f"at head, vector({settings.resolved_embedding_dim})"
+            name="schema", ok=True, detail=f"at head, vector({settings.embedding.resolved_dim})"
         ),
     ]
 
 
 def provider_check(settings: Settings) -> ReadinessCheck:
-    if settings.llm_api_key is not None or settings.is_local_llm:
-        return ReadinessCheck(name="provider", ok=True, detail=settings.llm_base_url)
+    if settings.llm.api_key is not None or settings.llm.is_local:
+        return ReadinessCheck(name="provider", ok=True, detail=settings.llm.base_url)
     return ReadinessCheck(
         name="provider", ok=False, detail="no OPENROUTER_API_KEY (or alias) for a remote provider"
     )

@@ -31,7 +31,7 @@ import httpx
 import psutil
 import yaml
 
-from foundation.settings import Settings
+from foundation.settings import Settings, variables
 from serve_app.local_llm.settings import LOCAL_MODEL_PREFIX, LocalLLMConfigError, LocalLLMSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +92,11 @@ SERVE_QUIET_DEFAULTS = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
+
+
+# The operator's cluster, for this process only: a replica runs on the cluster already (and
+# Ray sets its own address there), so these are not copied into the replicas' environment.
+DRIVER_ONLY_VARIABLES = frozenset({"RAY_ADDRESS", "RAY_DASHBOARD_ADDRESS"})
 
 
 def ray_env() -> dict[str, str]:
@@ -227,18 +232,16 @@ def stop_ray_node(temp_dir: str, grace_s: float = 10.0) -> int:
 
 
 def use_local_llm(settings: Settings) -> bool:
-    if settings.start_local_llm is not None:
-        return settings.start_local_llm
-    return settings.llm_api_key is None
+    if settings.serve.start_local_llm is not None:
+        return settings.serve.start_local_llm
+    return settings.llm.api_key is None
 
 
 def local_llm_settings(settings: Settings) -> LocalLLMSettings:
-    """The local LLM app's settings: ``LOCAL_LLM_*`` from the environment, with the service's
-    home and ``LOCAL_LLM_MODEL_NAME``."""
+    """The local LLM app's settings: ``settings.local_llm`` (``LOCAL_LLM_*``) with the
+    service's home."""
     try:
-        return LocalLLMSettings.from_env(
-            home=settings.home, model_name=settings.local_llm_model_name
-        )
+        return LocalLLMSettings.from_section(settings.local_llm, home=settings.home)
     except LocalLLMConfigError as exc:
         raise RunnerError(str(exc)) from None
 
@@ -255,23 +258,23 @@ def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
     environment. With the local LLM: the agent answers with its first model, and unless
     ``ALLOWED_MODELS`` is set, a per-request override may pick any model it serves
     (``LOCAL_LLM_MODELS``) and nothing else."""
-    names = {name.upper() for name in Settings.model_fields}
-    names |= {"OPENROUTER_API_KEY", "LLM_API_KEY", "DEEPSEEK_API_KEY", "GOOGLE_API_KEY"}
+    names = {name for variable in variables() for name in variable.names}
+    names -= DRIVER_ONLY_VARIABLES
     env = {k: v for k, v in os.environ.items() if k in names or k.startswith("LOCAL_LLM_")}
     env["AGENT_SERVICE_HOME"] = str(settings.home)
     env["DOC_ROOTS"] = ",".join(
-        f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.doc_root_acls
+        f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.ingestion.doc_root_acls
     )
     env["HF_HUB_OFFLINE"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["RAY_AUTH_MODE"] = "token"
     if local_llm:
         served = local_llm_settings(settings).served_models
-        env["LLM_BASE_URL"] = f"http://127.0.0.1:{settings.serve_port}/llm/v1"
+        env["LLM_BASE_URL"] = f"http://127.0.0.1:{settings.serve.port}/llm/v1"
         env["TOOL_CALLING_MODE"] = "json_schema"
         env["ANSWER_MODEL"] = served[0]
-        env["LOCAL_LLM_MODEL_NAME"] = settings.local_llm_model_name
-        if not settings.allowed_models:
+        env["LOCAL_LLM_MODEL_NAME"] = settings.local_llm.model_name
+        if not settings.llm.allowed_models:
             env["ALLOWED_MODELS"] = ",".join(local_model_allowlist(served))
     return env
 
@@ -280,8 +283,8 @@ def deploy_config(settings: Settings, local_llm: bool) -> dict[str, Any]:
     """``serve_config.yaml`` with the resolved environment injected and the port set."""
     config: dict[str, Any] = yaml.safe_load(SERVE_CONFIG.read_text())
     config.setdefault("http_options", {})
-    config["http_options"]["host"] = settings.serve_host
-    config["http_options"]["port"] = settings.serve_port
+    config["http_options"]["host"] = settings.serve.host
+    config["http_options"]["port"] = settings.serve.port
     env = service_env(settings, local_llm)
     apps: list[dict[str, Any]] = config["applications"]
     if local_llm and not any(app["name"] == LOCAL_LLM_APP["name"] for app in apps):
@@ -309,13 +312,14 @@ def _wait_http(url: str, timeout: float, what: str, headers: dict[str, str] | No
 
 
 def start_simulators(settings: Settings, state: RunState) -> None:
-    twin = urlparse(settings.twin_service_url)
-    sensor = urlparse(settings.sensor_service_url)
+    twin_url = settings.tools.twin_service_url
+    twin = urlparse(twin_url)
+    sensor = urlparse(settings.tools.sensor_service_url)
     if twin.hostname not in {"127.0.0.1", "localhost"}:
-        state.notes.append(f"TWIN_SERVICE_URL is {settings.twin_service_url}: simulators skipped")
+        state.notes.append(f"TWIN_SERVICE_URL is {twin_url}: simulators skipped")
         return
     try:
-        httpx.get(f"{settings.twin_service_url}/buildings", timeout=1)
+        httpx.get(f"{twin_url}/buildings", timeout=1)
         state.notes.append("twin-service already answers: simulators not started")
         return
     except httpx.HTTPError:
@@ -341,7 +345,7 @@ def start_simulators(settings: Settings, state: RunState) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            httpx.get(f"{settings.twin_service_url}/buildings", timeout=1)
+            httpx.get(f"{twin_url}/buildings", timeout=1)
             return
         except httpx.HTTPError:
             if proc.poll() is not None:
@@ -357,7 +361,7 @@ def start_ray(settings: Settings, state: RunState) -> None:
     """Start this service's own Ray head (loopback only), or reuse the one it started before,
     or use the cluster ``RAY_ADDRESS`` names. A cluster that merely runs on this machine is
     never adopted: stopping the service must not stop someone else's work."""
-    operator_address = os.environ.get("RAY_ADDRESS", "")
+    operator_address = settings.ray.address
     if operator_address:
         if not ray_running(operator_address):
             raise RunnerError(f"RAY_ADDRESS={operator_address}: no Ray cluster answers there")
@@ -376,10 +380,10 @@ def start_ray(settings: Settings, state: RunState) -> None:
         f"--port={port}",
         f"--ray-client-server-port={_free_port()}",
         f"--temp-dir={temp_dir}",
-        f"--num-cpus={settings.ray_num_cpus}",
+        f"--num-cpus={settings.ray.num_cpus}",
         "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={settings.ray_dashboard_port}",
-        f"--object-store-memory={settings.ray_object_store_mb * 1024 * 1024}",
+        f"--dashboard-port={settings.ray.dashboard_port}",
+        f"--object-store-memory={settings.ray.object_store_mb * 1024 * 1024}",
         "--disable-usage-stats",
     ]
     env = ray_env()
@@ -429,30 +433,27 @@ def serve(settings: Settings, *, simulators: bool, local_llm: bool | None) -> Ru
     start_ray(settings, state)
     save_state(settings, state)
     serve_deploy(deploy_config(settings, llm), settings)
-    base = f"http://{settings.serve_host}:{settings.serve_port}"
+    base = f"http://{settings.serve.host}:{settings.serve.port}"
+    prefix = settings.http.api_prefix
     if llm:
-        _wait_http(f"{base}/llm/health", settings.serve_ready_timeout_s, "the local LLM app")
-    _wait_http(
-        f"{base}{settings.api_prefix}/readyz", settings.serve_ready_timeout_s, "the agent app"
-    )
-    state.api_url = f"{base}{settings.api_prefix}"
-    state.dashboard_url = f"http://127.0.0.1:{settings.ray_dashboard_port}"
+        _wait_http(f"{base}/llm/health", settings.serve.ready_timeout_s, "the local LLM app")
+    _wait_http(f"{base}{prefix}/readyz", settings.serve.ready_timeout_s, "the agent app")
+    state.api_url = f"{base}{prefix}"
+    state.dashboard_url = f"http://127.0.0.1:{settings.ray.dashboard_port}"
     state.local_llm = llm
     save_state(settings, state)
     return state
 
 
 def _dashboard_address(settings: Settings) -> str:
-    return os.environ.get("RAY_DASHBOARD_ADDRESS") or (
-        f"http://127.0.0.1:{settings.ray_dashboard_port}"
-    )
+    return settings.ray.dashboard_address or f"http://127.0.0.1:{settings.ray.dashboard_port}"
 
 
 def stop(settings: Settings) -> list[str]:
     state = load_state(settings)
     done: list[str] = []
     ours = state.started_ray and state.ray_address and ray_running(state.ray_address)
-    if ours or os.environ.get("RAY_ADDRESS"):
+    if ours or settings.ray.address:
         subprocess.run(
             [_bin("serve"), "shutdown", "-y", f"--address={_dashboard_address(settings)}"],
             capture_output=True,

@@ -129,8 +129,8 @@ class LazyConversationStore:
         settings = self._settings
         return await PgConversationStore.connect(
             await resolve_database_url(settings),
-            min_size=settings.db_pool_min_size,
-            max_size=settings.db_pool_max_size,
+            min_size=settings.database.pool_min_size,
+            max_size=settings.database.pool_max_size,
         )
 
     async def _call(self, use: Callable[[PgConversationStore], Awaitable[T]]) -> T:

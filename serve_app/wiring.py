@@ -54,15 +54,16 @@ def replica_settings(component: str) -> Settings:
 
 
 def _client(settings: Settings, api_key: str, model: str | None) -> OpenAICompatibleClient:
+    llm = settings.llm
     return OpenAICompatibleClient(
-        base_url=settings.llm_base_url,
+        base_url=llm.base_url,
         api_key=api_key,
-        default_model=model or settings.answer_model,
-        tool_calling_mode=settings.tool_calling_mode,
-        timeout_seconds=settings.llm_timeout_seconds,
-        max_retries=settings.llm_max_retries,
-        max_output_tokens=settings.max_output_tokens,
-        temperature=settings.llm_temperature,
+        default_model=model or llm.answer_model,
+        tool_calling_mode=llm.tool_calling_mode,
+        timeout_seconds=llm.timeout_seconds,
+        max_retries=llm.max_retries,
+        max_output_tokens=llm.max_output_tokens,
+        temperature=llm.temperature,
     )
 
 
@@ -71,13 +72,13 @@ def build_llm_client(settings: Settings, *, model: str | None = None) -> OpenAIC
 
     Raises ``SettingsError`` naming OPENROUTER_API_KEY (and its aliases) when no key is set,
     unless LLM_BASE_URL is a loopback address (a local model server needs none)."""
-    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""
+    key = settings.llm.api_key.get_secret_value() if settings.llm.api_key else ""
     if not key.strip():
-        if not settings.is_local_llm:
+        if not settings.llm.is_local:
             raise SettingsError(
                 f"{API_KEY_VARIABLES[0]} is not set (also accepted: "
                 f"{', '.join(API_KEY_VARIABLES[1:])}): the model provider at "
-                f"LLM_BASE_URL={settings.llm_base_url} needs an API key"
+                f"LLM_BASE_URL={settings.llm.base_url} needs an API key"
             )
         key = LOCAL_PLACEHOLDER_KEY
     return _client(settings, key.strip(), model)
@@ -100,14 +101,14 @@ def tool_registry(settings: Settings) -> ToolRegistry:
     """The eight tools. A tool may make up to four sequential downstream calls, so its
     timeout follows ``TWIN_TIMEOUT_SECONDS`` (never under 30 s, which also covers
     ``search_docs``)."""
-    return build_default_registry(timeout_seconds=settings.resolved_tool_timeout_seconds)
+    return build_default_registry(timeout_seconds=settings.tools.resolved_tool_timeout_seconds)
 
 
 def build_downstream(settings: Settings) -> Downstream:
     return Downstream(
-        twin_url=settings.twin_service_url,
-        sensor_url=settings.sensor_service_url,
-        timeout_seconds=settings.twin_timeout_seconds,
+        twin_url=settings.tools.twin_service_url,
+        sensor_url=settings.tools.sensor_service_url,
+        timeout_seconds=settings.tools.twin_timeout_seconds,
     )
 
 
@@ -123,7 +124,7 @@ def local_tool_executor(
         downstream=downstream,
         authorizer=authorizer,
         retriever=retriever,
-        observe_payloads=settings.observe_payloads,
+        observe_payloads=settings.observability.observe_payloads,
     )
 
 
@@ -133,27 +134,28 @@ def _auto_or_on(value: Literal["auto", "on", "off"]) -> bool | None:
 
 
 def agent_config(settings: Settings) -> AgentConfig:
+    agent, llm = settings.agent, settings.llm
     return AgentConfig(
-        max_tool_hops=settings.max_tool_hops,
-        max_tool_calls=settings.max_tool_calls_per_ask or None,
-        max_total_tokens=settings.max_tokens_per_ask or None,
-        observe_payloads=settings.observe_payloads,
-        temperature=settings.llm_temperature,
-        max_output_tokens=settings.max_output_tokens,
-        provider_url=settings.llm_base_url,
-        repair_ungrounded=_auto_or_on(settings.grounding_repair),
-        heartbeat_seconds=settings.stream_heartbeat_seconds,
+        max_tool_hops=agent.max_tool_hops,
+        max_tool_calls=agent.max_tool_calls_per_ask or None,
+        max_total_tokens=agent.max_tokens_per_ask or None,
+        observe_payloads=settings.observability.observe_payloads,
+        temperature=llm.temperature,
+        max_output_tokens=llm.max_output_tokens,
+        provider_url=llm.base_url,
+        repair_ungrounded=_auto_or_on(agent.grounding_repair),
+        heartbeat_seconds=settings.http.stream_heartbeat_seconds,
     )
 
 
 def run_strategy(settings: Settings) -> RunStrategy:
     """The strategy the agent's runs take: plan first (``PLAN_FIRST``; auto: where the model
     speaks the ``json_schema`` mode of the small local models), else the plain agentic loop."""
-    plan_first = _auto_or_on(settings.plan_first)
+    plan_first = _auto_or_on(settings.agent.plan_first)
     if plan_first is None:
-        plan_first = settings.tool_calling_mode == "json_schema"
+        plan_first = settings.llm.tool_calling_mode == "json_schema"
     if plan_first:
-        return SmallModelStrategy(compose=settings.compose_answers)
+        return SmallModelStrategy(compose=settings.agent.compose_answers)
     return AgenticStrategy()
 
 
@@ -166,14 +168,15 @@ def build_agent(settings: Settings, *, llm: LLMClient, tools: ToolExecutor) -> A
 
 
 def retrieval_config(settings: Settings) -> RetrievalConfig:
+    retrieval = settings.retrieval
     return RetrievalConfig(
-        top_k_vector=settings.top_k_vector,
-        top_k_keyword=settings.top_k_keyword,
-        top_k_rerank=settings.top_k_rerank,
-        top_k_final=settings.top_k_final,
-        rrf_k=settings.rrf_k,
-        keyword_weight=settings.rrf_keyword_weight,
-        observe_payloads=settings.observe_payloads,
+        top_k_vector=retrieval.top_k_vector,
+        top_k_keyword=retrieval.top_k_keyword,
+        top_k_rerank=retrieval.top_k_rerank,
+        top_k_final=retrieval.top_k_final,
+        rrf_k=retrieval.rrf_k,
+        keyword_weight=retrieval.rrf_keyword_weight,
+        observe_payloads=settings.observability.observe_payloads,
     )
 
 
@@ -184,7 +187,7 @@ async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDo
     dimension differs from EMBEDDING_DIM."""
     url = await resolve_database_url(settings)
     if migrate_first:
-        migrate(url, settings.resolved_embedding_dim)
+        migrate(url, settings.embedding.resolved_dim)
     return await connect_store(settings, url)
 
 

@@ -129,12 +129,12 @@ def traces_endpoint(base: str) -> str:
 
 
 def build_exporter(settings: Settings) -> SpanExporter:
-    if settings.otel_exporter_otlp_endpoint:
+    if settings.observability.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        raw = settings.otel_exporter_otlp_headers
+        raw = settings.observability.otlp_headers
         return OTLPSpanExporter(
-            endpoint=traces_endpoint(settings.otel_exporter_otlp_endpoint),
+            endpoint=traces_endpoint(settings.observability.otlp_endpoint),
             headers=parse_otlp_headers(raw.get_secret_value() if raw else None),
             timeout=10,
         )
@@ -152,7 +152,7 @@ def build_provider(
     Tests pass their own ``processor`` (e.g. a simple one over an in-memory exporter)."""
     provider = TracerProvider(
         resource=Resource.create(
-            {"service.name": settings.otel_service_name, "service.component": component}
+            {"service.name": settings.observability.service_name, "service.component": component}
         ),
         id_generator=PresetTraceIdGenerator(),
     )
@@ -167,7 +167,7 @@ def configure_observability(settings: Settings, component: str) -> TracerProvide
     """Install this process's tracer provider and log format, once."""
     global _provider
     configure_logging(settings)
-    if settings.otel_sdk_disabled:
+    if settings.observability.sdk_disabled:
         return None
     with _lock:
         if _provider is None:
@@ -227,7 +227,7 @@ CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s%(trace_tag)s: %(message)s"
 def log_handler(settings: Settings, stream: Any = None) -> logging.Handler:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(TraceContextFilter())
-    if settings.log_format == "json":
+    if settings.observability.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(CONSOLE_FORMAT))
@@ -239,7 +239,9 @@ def configure_logging(settings: Settings, *, level: int | None = None) -> None:
     global _logging_configured
     with _lock:
         root = logging.getLogger()
-        root.setLevel(level if level is not None else getattr(logging, settings.log_level))
+        root.setLevel(
+            level if level is not None else getattr(logging, settings.observability.log_level)
+        )
         if _logging_configured:
             return
         _logging_configured = True

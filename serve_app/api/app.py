@@ -97,7 +97,7 @@ def create_app(
     dependencies of ``serve_app.api.deps``. ``lifespan`` (a FastAPI lifespan context) lets
     the caller start and close what the backend holds; the app never closes a backend it
     was given."""
-    prefix = settings.api_prefix
+    prefix = settings.http.api_prefix
     app = FastAPI(
         title=API_TITLE,
         version=API_VERSION,
@@ -127,10 +127,10 @@ def create_app(
     # Added innermost first: CORS (outermost) -> request id / 500 -> body limit -> routes.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
-    if settings.cors_origins:
+    if settings.http.cors_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
+            allow_origins=list(settings.http.cors_origins),
             allow_credentials=True,
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["authorization", "content-type", REQUEST_ID_HEADER],

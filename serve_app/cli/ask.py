@@ -30,7 +30,7 @@ def add_caller_arguments(parser: argparse.ArgumentParser) -> None:
 
 def api_base(args: argparse.Namespace, settings: Settings) -> str:
     url: str = args.url or (
-        f"http://{settings.serve_host}:{settings.serve_port}{settings.api_prefix}"
+        f"http://{settings.serve.host}:{settings.serve.port}{settings.http.api_prefix}"
     )
     return url
 
@@ -66,7 +66,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         body["model"] = args.model
     if args.conversation:
         body["conversation_id"] = args.conversation
-    timeout = httpx.Timeout(settings.serve_ready_timeout_s, connect=10)
+    timeout = httpx.Timeout(settings.serve.ready_timeout_s, connect=10)
     try:
         with httpx.Client(timeout=timeout) as client:
             if stream:

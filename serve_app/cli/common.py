@@ -29,7 +29,7 @@ def csv_list(value: str | None) -> list[str]:
 def configure_logging(settings: Settings, verbose: bool) -> None:
     from foundation.observability.setup import configure_logging
 
-    level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
+    level = logging.DEBUG if verbose else getattr(logging, settings.observability.log_level)
     configure_logging(settings, level=level)
     for noisy in (
         "httpx",
@@ -53,7 +53,7 @@ def logs_to_file(settings: Settings, name: str, *, verbose: bool) -> Iterator[Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.addFilter(TraceContextFilter())
-    if settings.log_format == "json":
+    if settings.observability.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(CONSOLE_FORMAT))

@@ -105,13 +105,13 @@ async def _prune(settings: Settings, batch_size: int, dry_run: bool) -> dict[str
     store = await PgConversationStore.connect(url, max_size=1)
     try:
         report = await store.prune(
-            timedelta(days=settings.conversation_ttl_days), batch_size=batch_size, dry_run=dry_run
+            timedelta(days=settings.conversations.ttl_days), batch_size=batch_size, dry_run=dry_run
         )
     finally:
         await store.close()
     return {
         "database": redact(url),
-        "ttl_days": settings.conversation_ttl_days,
+        "ttl_days": settings.conversations.ttl_days,
         "cutoff": report.cutoff.isoformat(),
         "dry_run": report.dry_run,
         "conversations": report.conversations,
@@ -123,7 +123,7 @@ async def _prune(settings: Settings, batch_size: int, dry_run: bool) -> dict[str
 def cmd_prune(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
-    if settings.conversation_ttl_days == 0:
+    if settings.conversations.ttl_days == 0:
         result: dict[str, Any] = {
             "ttl_days": 0,
             "conversations": 0,

@@ -15,13 +15,13 @@ async def db_up(settings: Settings) -> dict[str, Any]:
     from foundation.database import head_revision, migrate, redact, resolve_database_url
 
     url = await resolve_database_url(settings)
-    migrate(url, settings.resolved_embedding_dim)
+    migrate(url, settings.embedding.resolved_dim)
     await _mend_vector_index(settings, url)
     return {
         "database": redact(url),
-        "embedded": settings.database_url is None,
+        "embedded": settings.database.url is None,
         "revision": head_revision(),
-        "embedding_dim": settings.resolved_embedding_dim,
+        "embedding_dim": settings.embedding.resolved_dim,
     }
 
 
@@ -54,11 +54,11 @@ async def db_status(settings: Settings) -> dict[str, Any]:
         await conn.close()
     return {
         "database": redact(url),
-        "embedded": settings.database_url is None,
+        "embedded": settings.database.url is None,
         "revision": revision,
         "head": head_revision(),
         "column_dim": dim,
-        "embedding_dim": settings.resolved_embedding_dim,
+        "embedding_dim": settings.embedding.resolved_dim,
         "documents": docs,
         "chunks": chunks,
     }
@@ -78,11 +78,11 @@ async def db_reset(settings: Settings) -> dict[str, Any]:
         )
     finally:
         await conn.close()
-    migrate(url, settings.resolved_embedding_dim)
+    migrate(url, settings.embedding.resolved_dim)
     return {
         "database": redact(url),
         "reset": True,
-        "embedding_dim": settings.resolved_embedding_dim,
+        "embedding_dim": settings.embedding.resolved_dim,
     }
 
 
@@ -90,7 +90,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     if args.action == "down":
         from foundation.database import stop_embedded
 
-        if settings.database_url:
+        if settings.database.url:
             raise CliError("DATABASE_URL is set: `db down` only stops the embedded server")
         stopped = stop_embedded(settings.home)
         print(

@@ -51,7 +51,7 @@ def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         acl = parse_acl(csv_list(args.acl))
         roots: list[tuple[Path, list[str]]] = [(Path(r), acl) for r in args.root]
     else:
-        roots = [(p, list(a)) for p, a in settings.doc_root_acls]
+        roots = [(p, list(a)) for p, a in settings.ingestion.doc_root_acls]
     for root, _ in roots:
         if not root.is_dir():
             raise CliError(f"documentation root {root} is not a directory")
@@ -71,8 +71,8 @@ def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
                 roots=roots,
                 prune=args.prune,
                 executor=args.executor,
-                embed_actors=args.actors or settings.ingest_embed_actors,
-                batch_size=settings.embedding_batch_size,
+                embed_actors=args.actors or settings.ingestion.embed_actors,
+                batch_size=settings.embedding.batch_size,
                 max_tokens=max_tokens,
             )
 
@@ -188,11 +188,11 @@ def found_line(now: IngestProgress) -> str:
 
 
 def _embedder_window(settings: Settings) -> int:
-    if settings.embedding_backend == "openai":
+    if settings.embedding.backend == "openai":
         return 8191
     from retrieval.embedders import MINILM_NAMES
 
-    if settings.embedding_model in MINILM_NAMES:
+    if settings.embedding.model in MINILM_NAMES:
         return 256
     from retrieval.embedders import build_embedder
 

@@ -34,7 +34,7 @@ async def _mine_examples(
     server_url = await resolve_database_url(settings)
     await ensure_database_exists(with_database(server_url, "postgres"), args.database)
     url = with_database(server_url, args.database)
-    await asyncio.to_thread(migrate, url, settings.resolved_embedding_dim)
+    await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
     store = await connect_store(settings, url)
     try:
         embedder = build_embedder(settings)
@@ -101,10 +101,10 @@ def cmd_train_reranker(args: argparse.Namespace, settings: Settings, out: TextIO
         len(pairs),
         args.hard_negatives,
         args.random_negatives,
-        settings.embedding_model,
-        settings.top_k_vector,
-        settings.top_k_keyword,
-        settings.rrf_k,
+        settings.embedding.model,
+        settings.retrieval.top_k_vector,
+        settings.retrieval.top_k_keyword,
+        settings.retrieval.rrf_k,
     )
     examples_file = work / f"examples-{examples_key}.jsonl"
     if examples_file.exists():
@@ -136,7 +136,7 @@ def cmd_train_reranker(args: argparse.Namespace, settings: Settings, out: TextIO
             "packages": packages,
             "pair_kinds": dict(sorted(Counter(p.kind for p in pairs).items())),
             "negatives": f"{args.hard_negatives} hard (hybrid search over the mined passages, "
-            f"embedder {settings.embedding_model}) + {args.random_negatives} random per query",
+            f"embedder {settings.embedding.model}) + {args.random_negatives} random per query",
             "checkpoints": str(run_dir),
         },
     )

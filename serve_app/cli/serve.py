@@ -18,7 +18,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     try:
         state = serve(
             settings,
-            simulators=settings.start_simulators and not args.no_simulators,
+            simulators=settings.serve.start_simulators and not args.no_simulators,
             local_llm=False if args.no_local_llm else (True if args.local_llm else None),
         )
     except RunnerError as exc:
@@ -30,7 +30,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     print(f"dashboard  {state.dashboard_url}  (token: ~/.ray/auth_token)", file=out)
     if state.local_llm:
         models = ", ".join(local_llm_settings(settings).served_models)
-        url = f"http://{settings.serve_host}:{settings.serve_port}/llm/v1"
+        url = f"http://{settings.serve.host}:{settings.serve.port}/llm/v1"
         print(f"local LLM  {url}  (models: {models})", file=out)
     print("stop with: agent-service stop", file=out)
     return EXIT_OK

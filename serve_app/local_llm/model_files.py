@@ -29,8 +29,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
+from foundation.settings import Settings
 from serve_app.local_llm.catalog import (
     PACKAGED_MODELS,
     QWEN25_CODER_0_5B,
@@ -270,34 +270,26 @@ def resolve_model_path(settings: LocalLLMSettings, model: PartedModel | None = N
     return ensure_joined_model(settings.models_dir, model).path
 
 
-class _HasHome(Protocol):
-    @property
-    def home(self) -> Path: ...
-
-
-def _local_settings(settings: LocalLLMSettings | _HasHome | None) -> LocalLLMSettings:
+def _local_settings(settings: LocalLLMSettings | Settings | None) -> LocalLLMSettings:
     if settings is None:
         return LocalLLMSettings.from_env()
     if isinstance(settings, LocalLLMSettings):
         return settings
-    return LocalLLMSettings.from_env(
-        home=settings.home, model_path=getattr(settings, "local_llm_model_path", None)
-    )
+    return LocalLLMSettings.from_section(settings.local_llm, home=settings.home)
 
 
 def ensure_model_file(
-    settings: LocalLLMSettings | _HasHome | None = None,
+    settings: LocalLLMSettings | Settings | None = None,
     model: PartedModel | None = None,
 ) -> Path:
     """The GGUF file the local LLM will serve, ready on disk: what :func:`resolve_model_path`
-    gives. Takes :class:`LocalLLMSettings`, or the service ``Settings`` (its ``home``, and
-    ``local_llm_model_path`` once it has one; the other ``LOCAL_LLM_*`` values come from the
-    environment), or nothing (all from the environment). Call it before deploying, so no
-    replica waits for the join."""
+    gives. Takes :class:`LocalLLMSettings`, or the service ``Settings`` (its home and
+    ``settings.local_llm``), or nothing (all from the environment). Call it before deploying,
+    so no replica waits for the join."""
     return resolve_model_path(_local_settings(settings), model)
 
 
-def ensure_model_files(settings: LocalLLMSettings | _HasHome | None = None) -> dict[str, Path]:
+def ensure_model_files(settings: LocalLLMSettings | Settings | None = None) -> dict[str, Path]:
     """Every served model's GGUF file (``LOCAL_LLM_MODELS``), ready on disk, by model name
     (settings as :func:`ensure_model_file` takes them). Fails before joining anything when a
     model's packages are missing."""

@@ -41,4 +41,4 @@ def dev_user(user_id: str) -> DevUser | None:
 
 def dev_sign_in_enabled(settings: Settings) -> bool:
     """Development sign-in exists only with ``REQUIRE_AUTH=false`` or ``EVAL_JWT_SECRET``."""
-    return (not settings.require_auth) or bool(secret_value(settings.eval_jwt_secret))
+    return (not settings.auth.require_auth) or bool(secret_value(settings.auth.eval_jwt_secret))

@@ -107,6 +107,7 @@ def test_auto_runs_small_corpora_in_process_and_joins_a_running_cluster(
     assert pipeline.choose_executor("auto", 1000, settings) == "ray"
     assert pipeline.choose_executor("local", 10**6, settings) == "local"  # forced stays forced
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    settings = Settings(ingest_ray_min_chunks=1000)  # RAY_ADDRESS is read as settings load
     assert pipeline.choose_executor("auto", 1, settings) == "ray"  # no cluster start to pay
     assert pipeline.choose_executor("local", 1, settings) == "local"
 
