@@ -674,13 +674,13 @@ async def run_benchmark(options: Options) -> Report:
     from foundation.settings import load_settings
     from retrieval.embedders import build_embedder
     from retrieval.rerankers import build_reranker
-    from serve_app.wiring import build_retriever
+    from serve_app.wiring import build_retriever, embedder_config, reranker_config
 
     settings = load_settings()
     dataset = load_followups(options.dataset, repo_root=ROOT)
     world = build_world()
-    embedder = build_embedder(settings)
-    reranker = build_reranker(settings)
+    embedder = build_embedder(embedder_config(settings))
+    reranker = build_reranker(reranker_config(settings))
     store, ingest = await open_sample_store(settings, options.database, embedder)
     client: httpx.AsyncClient | None = None
     try:
@@ -750,10 +750,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 async def run_service_benchmark(options: Options) -> Report:
     from evals.runner import eval_secret
     from foundation.settings import load_settings
+    from serve_app.wiring import eval_config
 
     assert options.service is not None
     dataset = load_followups(options.dataset, repo_root=ROOT)
-    secret = eval_secret(load_settings())
+    secret = eval_secret(eval_config(load_settings()))
     budget = options.budget_minutes * 60 if options.budget_minutes is not None else None
     report = await run_service(
         dataset, options.service, secret, model=options.model, budget_seconds=budget

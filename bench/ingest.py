@@ -64,6 +64,7 @@ from retrieval.embedders import (
 )
 from retrieval.search import embedding_input
 from retrieval.store import PgDocumentStore
+from serve_app.wiring import embedder_config, ingest_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # The raw encode's call size: the texts sorted by length, then cut into calls of this many,
@@ -138,7 +139,9 @@ async def pipeline_run(
     store, db = await fresh_store(admin_url)
     try:
         local = executor == "local"
-        return await run_ingest(store, settings, options, embedder=embedder if local else None)
+        return await run_ingest(
+            store, ingest_config(settings), options, embedder=embedder if local else None
+        )
     finally:
         await store.close()
         await drop(admin_url, db)
@@ -181,14 +184,14 @@ async def main_async(corpora: list[str], actors: int, compare_float32: bool) -> 
     settings = load_settings()
     admin_url = with_database(await resolve_database_url(settings), "postgres")
     # The configured embedder (EMBEDDING_DTYPE included), as the pipelines build it.
-    embedder = build_embedder(settings)
-    max_tokens = effective_max_tokens(settings, embedder.max_tokens)
+    embedder = build_embedder(embedder_config(settings))
+    max_tokens = effective_max_tokens(ingest_config(settings), embedder.max_tokens)
     dtype = getattr(embedder, "dtype", "float32")
     print(f"embedder {embedder.name} ({dtype}), chunk budget {max_tokens} tokens", flush=True)
     import ray
 
     t0 = time.perf_counter()
-    start_ray(settings)
+    start_ray(ingest_config(settings))
     # The pipeline runs Ray Data in a child process: it joins this Ray, so the start stays
     # out of the rate (as on a running cluster).
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
@@ -263,7 +266,9 @@ async def measure(
         )
         cells[executor] = f"{report.seconds:.1f} s, {rate:.1f}/s, {rate / raw_rate:.2f}x raw"
     # auto on this machine alone, no running cluster
-    auto = choose_executor("auto", len(texts), settings.model_copy(update={"ray_address": None}))
+    auto = choose_executor(
+        "auto", len(texts), ingest_config(settings.model_copy(update={"ray_address": None}))
+    )
     return (
         f"| {name} | {len(files)} | {len(texts)} | {in_order_s:.1f} s, "
         f"{in_order_rate:.1f}/s | {raw_s:.1f} s, {raw_rate:.1f}/s | "

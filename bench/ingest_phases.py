@@ -43,6 +43,7 @@ from ingest_jobs.pipeline import Executor, effective_max_tokens
 from ingest_jobs.ray_executor import start_ray
 from ingest_jobs.sources import discover
 from retrieval.embedders import Embedder, build_embedder
+from serve_app.wiring import embedder_config, ingest_config
 
 # pid -> (CPU seconds so far, user and system; the command line, cut short)
 ProcessCpu = dict[int, tuple[float, str]]
@@ -169,7 +170,7 @@ async def run_order(
 ) -> list[Run]:
     """The runs of ``order``, one after another, each printed as it ends."""
     admin_url = with_database(await resolve_database_url(settings), "postgres")
-    max_tokens = effective_max_tokens(settings, embedder.max_tokens)
+    max_tokens = effective_max_tokens(ingest_config(settings), embedder.max_tokens)
     texts = chunk_texts(discover(roots), embedder.name, max_tokens)
     print(f"{len(texts)} chunks", flush=True)
     runs: list[Run] = []
@@ -231,11 +232,11 @@ async def main_async(corpus: str, order: list[str], actors: int) -> None:
     settings = load_settings()
     clock = PhaseMarks()
     trace.set_tracer_provider(build_provider(settings, "bench", processor=clock))
-    embedder = build_embedder(settings)
+    embedder = build_embedder(embedder_config(settings))
     if "ray" in order:
         import ray
 
-        start_ray(settings)
+        start_ray(ingest_config(settings))
         # The pipeline's Ray process joins this Ray: its start stays out of the runs.
         address = ray.get_runtime_context().gcs_address
         os.environ["RAY_ADDRESS"] = address

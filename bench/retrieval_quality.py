@@ -98,7 +98,13 @@ from retrieval.rerankers import NoopReranker, Reranker, build_reranker
 from retrieval.search import HybridRetriever, Sides
 from retrieval.store import PgDocumentStore
 from serve_app.knowledge import connect_store
-from serve_app.wiring import retrieval_config
+from serve_app.wiring import (
+    embedder_config,
+    ingest_config,
+    reranker_config,
+    retrieval_config,
+    store_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE = "retrieval_quality"
@@ -163,16 +169,16 @@ async def open_sample_store(
     await ensure_database_exists(admin_url, database)
     url = with_database(server_url, database)
     await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
-    store = await connect_store(settings, url)
+    store = await connect_store(store_config(settings), url)
     options = IngestOptions(
         roots=sample_doc_roots(ROOT),
         prune=True,
         executor="local",
         batch_size=settings.embedding.batch_size,
-        max_tokens=effective_max_tokens(settings, embedder.max_tokens),
+        max_tokens=effective_max_tokens(ingest_config(settings), embedder.max_tokens),
     )
     try:
-        report = await run_ingest(store, settings, options, embedder=embedder)
+        report = await run_ingest(store, ingest_config(settings), options, embedder=embedder)
     except BaseException:
         await store.close()
         raise
@@ -255,8 +261,8 @@ async def run_benchmark(
     dataset = select(
         load_quality_dataset(options.dataset, repo_root=ROOT), options.only, options.split
     )
-    queries = QueryCache(embedder or build_embedder(settings))
-    reranker = build_reranker(settings)
+    queries = QueryCache(embedder or build_embedder(embedder_config(settings)))
+    reranker = build_reranker(reranker_config(settings))
     store, ingest = await open_sample_store(settings, options.database, queries.inner)
     try:
         report = QualityReport(dataset, settings.retrieval.top_k_final, [])
@@ -335,7 +341,7 @@ async def open_text_store(
         finally:
             await check.close()
         if loaded == len(items.texts):
-            return await connect_store(settings, url), None
+            return await connect_store(store_config(settings), url), None
         conn = await asyncpg.connect(asyncpg_url(admin_url))
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
@@ -346,15 +352,15 @@ async def open_text_store(
     started = time.perf_counter()
     corpus = Corpus(vectors, [TEXT_ACL] * len(items.texts), items.texts)
     await load(asyncpg_url(url), corpus, np.random.default_rng(0))
-    return await connect_store(settings, url), time.perf_counter() - started
+    return await connect_store(store_config(settings), url), time.perf_counter() - started
 
 
 async def run_known_item(
     settings: Settings, options: Options, *, embedder: Embedder | None = None
 ) -> list[KnownItemReport]:
     """The known-item task at every size of ``options.sizes``."""
-    queries = QueryCache(embedder or build_embedder(settings))
-    reranker = build_reranker(settings)
+    queries = QueryCache(embedder or build_embedder(embedder_config(settings)))
+    reranker = build_reranker(reranker_config(settings))
     reports: list[KnownItemReport] = []
     for size in options.sizes:
         items, vectors = known_item_corpus(settings, queries.inner, size, options.queries)

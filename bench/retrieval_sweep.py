@@ -80,6 +80,7 @@ from retrieval.store import (
     StoredDocument,
     WriteOutcome,
 )
+from serve_app.wiring import embedder_config
 
 DEFAULT_OUT_DIR = ROOT / "bench" / "out" / "retrieval_sweep"
 EXACT_TOKEN_SLACK = 0.02  # the most a chosen point may lose on training exact-token nDCG@10
@@ -638,7 +639,7 @@ def read_parts(out_dir: Path) -> tuple[list[Scored], list[str]]:
 async def run(settings: Settings, options: Options) -> None:
     """Each part of the sweep, written as soon as it is done (a run may do some parts and
     another run the rest: the report reads them all)."""
-    queries = QueryCache(build_embedder(settings))
+    queries = QueryCache(build_embedder(embedder_config(settings)))
     dataset = load_quality_dataset(ROOT / DEFAULT_QUALITY_DATASET, repo_root=ROOT)
     train = dataclasses.replace(
         dataset, rows=tuple(select_split(dataset.rows, lambda row: row.id, "train"))

@@ -199,16 +199,16 @@ async def run_benchmark(options: Options) -> Report:
     from local_world.world import build_world
     from retrieval.embedders import build_embedder
     from retrieval.rerankers import build_reranker
-    from serve_app.wiring import build_retriever
+    from serve_app.wiring import build_retriever, embedder_config, reranker_config
 
     settings = load_settings()
     cases = load_dataset(options.dataset).cases
-    embedder = build_embedder(settings)
+    embedder = build_embedder(embedder_config(settings))
     store, _ = await open_sample_store(settings, options.database, embedder)
     make, client = None, None
     try:
         retriever = build_retriever(
-            settings, store, embedder=embedder, reranker=build_reranker(settings)
+            settings, store, embedder=embedder, reranker=build_reranker(reranker_config(settings))
         )
         make, client = in_process_tools(build_world(), retriever, FixedClock(PINNED))
         report = Report(await route_rows(make(PassThroughRewriter()), cases))

@@ -211,6 +211,7 @@ def text_corpus(n: int, queries: int, rng: np.random.Generator) -> Corpus:
     """Docstring paragraphs embedded by the configured embedder (bench.text_corpus)."""
     from bench.text_corpus import build_texts, embed_cached
     from retrieval.embedders import build_embedder
+    from serve_app.wiring import embedder_config
 
     settings = load_settings()
     cache = settings.agent_service_home / "bench-cache"
@@ -222,7 +223,7 @@ def text_corpus(n: int, queries: int, rng: np.random.Generator) -> Corpus:
         texts, query_texts = build_texts(n, queries, seed=20261130)
         cache.mkdir(parents=True, exist_ok=True)
         listing.write_text(json.dumps([texts, query_texts]))
-    embedder = build_embedder(settings)
+    embedder = build_embedder(embedder_config(settings))
     vectors = embed_cached(texts, embedder, cache, "chunks")
     query_vectors = embed_cached(query_texts, embedder, cache, "queries")
     return Corpus(vectors, draw_acl(n, rng), texts, query_texts, query_vectors)

@@ -276,6 +276,21 @@ def _turn_args(conversation_id: uuid.UUID, number: int, record: TurnRecord) -> S
     )
 
 
+@dataclass(frozen=True)
+class ConversationsConfig:
+    """How the conversation store is opened and kept (``serve_app.wiring.conversations_config``):
+    its pool (DB_POOL_*) and how long an inactive conversation is kept (CONVERSATION_TTL_DAYS;
+    0: for ever, there is nothing to prune)."""
+
+    ttl_days: int = 0
+    min_size: int = 1
+    max_size: int = 10
+
+    @property
+    def ttl(self) -> timedelta | None:
+        return timedelta(days=self.ttl_days) if self.ttl_days > 0 else None
+
+
 class PgConversationStore:
     """The ``ConversationStore`` port on PostgreSQL (tables of migration 0002)."""
 
@@ -288,6 +303,11 @@ class PgConversationStore:
     ) -> PgConversationStore:
         """Open a pool, refusing a database whose schema is missing or not at head."""
         return cls(await open_pool_at_head(url, min_size=min_size, max_size=max_size))
+
+    @classmethod
+    async def open(cls, url: str, config: ConversationsConfig) -> PgConversationStore:
+        """``connect`` with ``config``'s pool."""
+        return await cls.connect(url, min_size=config.min_size, max_size=config.max_size)
 
     @property
     def pool(self) -> asyncpg.Pool:

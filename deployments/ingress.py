@@ -48,7 +48,12 @@ from serve_app.limits import RequestLimits, build_request_limits
 from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness, ReadinessCheck
 from serve_app.threads import visible_chunks
-from serve_app.wiring import build_conversation_store, replica_settings
+from serve_app.wiring import (
+    build_conversation_store,
+    limit_policy,
+    replica_settings,
+    store_config,
+)
 
 RUN_PREFIX = "ingest-"
 JOB_SUBMIT_PATIENCE_S = 30.0
@@ -128,10 +133,14 @@ class ServeBackend:
         # The knowledge base (a pool of its own, opened on first use), only to re-check a
         # thread's stored citations against the caller's permissions now; searches run in
         # the Retriever deployment.
-        self._knowledge = knowledge if knowledge is not None else LazyStore(settings)
+        self._knowledge = (
+            knowledge if knowledge is not None else LazyStore(settings, store_config(settings))
+        )
         # The callers' rate limits and budgets, counted in the database every replica shares
         # (a pool of its own, opened on first use; nothing when every limit is off).
-        self.limits = limits if limits is not None else build_request_limits(settings)
+        self.limits = (
+            limits if limits is not None else build_request_limits(settings, limit_policy(settings))
+        )
         # Where /feedback keeps ratings: beside the conversations (a pool of its own, opened
         # on first use).
         self.feedback = (
@@ -294,7 +303,9 @@ class IngressDeployment:
         self.settings = replica_settings("Ingress")
         self.authorizer = load_authorizer()
         self.metrics = RayServeMetrics()
-        limits = build_request_limits(self.settings, metrics=self.metrics)
+        limits = build_request_limits(
+            self.settings, limit_policy(self.settings), metrics=self.metrics
+        )
         self.backend = ServeBackend(agent_loop, self.settings, limits=limits, metrics=self.metrics)
 
     @asynccontextmanager

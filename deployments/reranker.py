@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ray import serve
 
 from retrieval.rerankers import CrossEncoderReranker, build_reranker
-from serve_app.wiring import replica_settings
+from serve_app.wiring import replica_settings, reranker_config
 
 
 @serve.deployment(
@@ -20,7 +20,7 @@ from serve_app.wiring import replica_settings
 class RerankerDeployment:
     def __init__(self) -> None:
         settings = replica_settings("Reranker")
-        self.reranker = build_reranker(settings)
+        self.reranker = build_reranker(reranker_config(settings))
         self._batch_sizes: deque[int] = deque(maxlen=1000)
 
     def name(self) -> str:

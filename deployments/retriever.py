@@ -19,7 +19,7 @@ from retrieval.search import SearchHit
 from serve_app.knowledge import LazyStore
 from serve_app.metrics import MetricsSink, retrieval_measurement
 from serve_app.readiness import ReadinessCheck, lazy_store_checks
-from serve_app.wiring import build_retriever, replica_settings
+from serve_app.wiring import build_retriever, embedder_config, replica_settings, store_config
 
 
 class _HandleReranker:
@@ -71,7 +71,7 @@ class RetrieverDeployment:
         settings = replica_settings("Retriever")
         self.settings = settings
         self.metrics: MetricsSink = RayServeMetrics()
-        self.embedder = build_embedder(settings)
+        self.embedder = build_embedder(embedder_config(settings))
         ranker: Reranker = (
             NoopReranker()
             if settings.retrieval.reranker == "noop"
@@ -79,7 +79,7 @@ class RetrieverDeployment:
         )
         # Opened on first use (and again after a failure), so a replica starts and reports
         # "database down" through /readyz instead of crash-looping while it is away.
-        self.store = LazyStore(settings)
+        self.store = LazyStore(settings, store_config(settings))
         self.retriever = build_retriever(
             settings,
             self.store,

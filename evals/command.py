@@ -23,11 +23,13 @@ from rich.console import Console
 from evals.dataset import DEFAULT_DATASET, Dataset, DatasetError, load_datasets
 from evals.judge import JudgeConfig
 from evals.retrieval_eval import SearchRetriever
-from evals.runner import EvalConfigError, EvalRun, exit_code
-from foundation.settings import Settings, SettingsError
+from evals.runner import EvalConfig, EvalConfigError, EvalRun, exit_code
 
 # Opens the knowledge base for --retrieval (the CLI passes serve_app.wiring.opened_retriever).
-RetrieverOpener = Callable[[Settings], AbstractAsyncContextManager[SearchRetriever]]
+RetrieverOpener = Callable[[], AbstractAsyncContextManager[SearchRetriever]]
+# The judge's config, built only when a selected row is judged (the CLI passes
+# serve_app.wiring.judge_config): a ValueError (SettingsError) says why there is none.
+JudgeConfigFactory = Callable[[], JudgeConfig]
 
 REPORTS_ROOT = Path("evals/reports")
 
@@ -101,28 +103,29 @@ class EvalOptions:
         return self.out_dir or REPORTS_ROOT / date.today().isoformat()
 
 
-def default_base_url(settings: Settings) -> str:
-    return f"http://{settings.serve.host}:{settings.serve.port}{settings.http.api_prefix}"
-
-
 def model_slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_") or "model"
 
 
-def _judge_config(options: EvalOptions, dataset: Dataset, settings: Settings) -> JudgeConfig | None:
+def _judge_config(
+    options: EvalOptions, dataset: Dataset, judge: JudgeConfigFactory | None
+) -> JudgeConfig | None:
     if options.no_judge or not any(case.row.judged for case in dataset.cases):
         return None
+    if judge is None:
+        raise EvalUsageError("judged rows need a judge (or run with --no-judge)")
     try:
-        return JudgeConfig.from_settings(settings)
-    except SettingsError as exc:
+        return judge()
+    except ValueError as exc:  # SettingsError: no key for a remote judge
         raise EvalUsageError(str(exc)) from None
 
 
 def run_eval_command(
     options: EvalOptions,
-    settings: Settings,
+    config: EvalConfig,
     out: TextIO,
     *,
+    judge: JudgeConfigFactory | None = None,
     open_retriever: RetrieverOpener | None = None,
 ) -> int:
     """Run the subcommand; returns the exit code (0/1) or raises ``EvalUsageError``."""
@@ -138,12 +141,12 @@ def run_eval_command(
         if options.retrieval:
             if open_retriever is None:
                 raise EvalUsageError("--retrieval needs a knowledge base (run it from the CLI)")
-            return _retrieval(options, dataset, settings, console, open_retriever)
+            return _retrieval(options, dataset, console, open_retriever)
         if options.rescore:
             return _rescore(options, dataset, console)
         if options.models:
-            return _sweep(options, dataset, settings, console, err)
-        return _single(options, dataset, settings, console, err)
+            return _sweep(options, dataset, config, judge, console, err)
+        return _single(options, dataset, config, judge, console, err)
     except EvalConfigError as exc:
         raise EvalUsageError(str(exc)) from None
 
@@ -177,21 +180,26 @@ def _rescore(options: EvalOptions, dataset: Dataset, console: Console) -> int:
 
 
 def _single(
-    options: EvalOptions, dataset: Dataset, settings: Settings, console: Console, err: Console
+    options: EvalOptions,
+    dataset: Dataset,
+    config: EvalConfig,
+    judge_factory: JudgeConfigFactory | None,
+    console: Console,
+    err: Console,
 ) -> int:
     from evals.report import print_summary
     from evals.runner import run_eval
 
-    config = _judge_config(options, dataset, settings)
-    base_url = options.base_url or default_base_url(settings)
+    judge_config = _judge_config(options, dataset, judge_factory)
+    base_url = options.base_url or config.base_url
 
     async def go() -> EvalRun:
-        judge = config.build() if config is not None else None
+        judge = judge_config.build() if judge_config is not None else None
         try:
             return await run_eval(
                 dataset,
                 base_url,
-                settings,
+                config,
                 options.concurrency,
                 model=options.model,
                 judge=judge,
@@ -211,7 +219,12 @@ def _single(
 
 
 def _sweep(
-    options: EvalOptions, dataset: Dataset, settings: Settings, console: Console, err: Console
+    options: EvalOptions,
+    dataset: Dataset,
+    config: EvalConfig,
+    judge_factory: JudgeConfigFactory | None,
+    console: Console,
+    err: Console,
 ) -> int:
     import httpx
 
@@ -219,9 +232,9 @@ def _sweep(
     from evals.runner import check_service, eval_secret
     from evals.sweep import comparison_markdown, plot_pass_rate_vs_cost, run_sweep
 
-    eval_secret(settings)  # fail before starting Ray
-    config = _judge_config(options, dataset, settings)
-    base_url = (options.base_url or default_base_url(settings)).rstrip("/")
+    eval_secret(config)  # fail before starting Ray
+    judge_config = _judge_config(options, dataset, judge_factory)
+    base_url = (options.base_url or config.base_url).rstrip("/")
 
     async def ready() -> None:
         async with httpx.AsyncClient() as client:
@@ -232,10 +245,10 @@ def _sweep(
     runs = run_sweep(
         dataset,
         base_url,
-        settings,
+        config,
         options.models,
         concurrency=options.concurrency,
-        judge_config=config,
+        judge_config=judge_config,
         strict=options.strict,
     )
     out_dir = options.resolved_out_dir
@@ -256,7 +269,6 @@ def _sweep(
 def _retrieval(
     options: EvalOptions,
     dataset: Dataset,
-    settings: Settings,
     console: Console,
     open_retriever: RetrieverOpener,
 ) -> int:
@@ -266,7 +278,7 @@ def _retrieval(
         raise EvalUsageError("no selected row has cited_sources: nothing to measure")
 
     async def go() -> RetrievalReport:
-        async with open_retriever(settings) as retriever:
+        async with open_retriever() as retriever:
             return await run_retrieval_eval(dataset, retriever, k=options.k)
 
     report = asyncio.run(go())

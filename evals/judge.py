@@ -29,7 +29,6 @@ from agent.llm.base import (
 )
 from agent.usage import PriceTable, default_price_table
 from evals.dataset import Row
-from foundation.settings import Settings
 
 JUDGE_MAX_OUTPUT_TOKENS = 400
 MAX_ANSWER_CHARS = 6000
@@ -391,39 +390,15 @@ def _user_prompt(question: str, answer: str, rubric: str) -> str:
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    """How to reach the judge: picklable, so a Ray task can build its own ``Judge``."""
+    """How to reach the judge: picklable, so a Ray task can build its own ``Judge``. Built from
+    the settings by ``serve_app.wiring.judge_config`` (JUDGE_MODEL at JUDGE_BASE_URL, default
+    LLM_BASE_URL, with the provider's key)."""
 
     model: str
     base_url: str
     api_key: str = field(repr=False)
     timeout_seconds: float = 60.0
     max_retries: int = 3
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, model: str | None = None) -> JudgeConfig:
-        """JUDGE_MODEL at JUDGE_BASE_URL (default LLM_BASE_URL) with the provider API key.
-
-        Raises ``SettingsError`` when a remote judge has no key."""
-        from agent.llm.openai_client import API_KEY_VARIABLES, LOCAL_PLACEHOLDER_KEY
-        from foundation.settings import SettingsError
-
-        base_url = settings.evals.judge_base_url or settings.llm.base_url
-        key = settings.llm.api_key.get_secret_value().strip() if settings.llm.api_key else ""
-        if not key:
-            if not _is_loopback(base_url):
-                raise SettingsError(
-                    f"{API_KEY_VARIABLES[0]} is not set (also accepted: "
-                    f"{', '.join(API_KEY_VARIABLES[1:])}): the judge at {base_url} needs an API "
-                    "key (or run with --no-judge)"
-                )
-            key = LOCAL_PLACEHOLDER_KEY
-        return cls(
-            model=model or settings.evals.judge_model,
-            base_url=base_url,
-            api_key=key,
-            timeout_seconds=settings.llm.timeout_seconds,
-            max_retries=settings.llm.max_retries,
-        )
 
     def build(self) -> Judge:
         from agent.llm.openai_client import OpenAICompatibleClient
@@ -440,7 +415,8 @@ class JudgeConfig:
         return Judge(client, self.model)
 
 
-def _is_loopback(url: str) -> bool:
+def is_loopback(url: str) -> bool:
+    """A local judge (127.x, localhost, ::1): it needs no API key."""
     from urllib.parse import urlparse
 
     host = urlparse(url).hostname or ""

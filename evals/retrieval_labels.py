@@ -31,8 +31,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, StringConstraints, ValidationError
 
 from evals.dataset import ROW_ID_PATTERN, DatasetError, NonEmpty, StrictModel, read_yaml
-from foundation.acl import caller_entries, is_visible, parse_acl
-from foundation.settings import DEFAULT_DOC_ROOTS
+from foundation.acl import DEFAULT_DOC_ROOTS, caller_entries, is_visible, parse_acl
 from retrieval.chunking import (
     FrontMatterError,
     SourceDecodeError,

@@ -45,7 +45,6 @@ from evals.assertions import AssertionResult, score_row
 from evals.dataset import Case, Dataset, Identity, Row, XFail
 from evals.judge import Judge, JudgeOutcome, JudgeStats, Verdict, same_family
 from foundation.eval_tokens import mint_eval_token
-from foundation.settings import Settings
 
 READY_TIMEOUT_SECONDS = 10.0
 TOKEN_TTL_SECONDS = 6 * 3600
@@ -55,6 +54,19 @@ MAX_EVIDENCE_BODY = 300
 class EvalConfigError(RuntimeError):
     """The run cannot start or cannot mean anything (no secret, service unreachable, token
     refused). The CLI prints it and exits 2."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What an eval run takes of the service's settings (``serve_app.wiring.eval_config``).
+    Picklable: a sweep's Ray tasks get it."""
+
+    # The running service (http://SERVE_HOST:SERVE_PORT/API_PREFIX); --base-url overrides it.
+    base_url: str = "http://127.0.0.1:8000"
+    eval_secret: str | None = field(default=None, repr=False)  # EVAL_JWT_SECRET: signs tokens
+    answer_model: str = "openai/gpt-4o-mini"  # ANSWER_MODEL: the model rows are asked of
+    ask_timeout_seconds: float = 170.0  # ASK_TIMEOUT_SECONDS: a request may take 15 s more
+    ray_address: str | None = None  # RAY_ADDRESS: the Ray a sweep runs on (unset: a private one)
 
 
 class Status(StrEnum):
@@ -206,13 +218,9 @@ class _TokenRefused(Exception):
         self.message = message
 
 
-def eval_secret(settings: Settings) -> str:
+def eval_secret(config: EvalConfig) -> str:
     """EVAL_JWT_SECRET, or ``EvalConfigError`` saying it is needed."""
-    secret = (
-        settings.auth.eval_jwt_secret.get_secret_value().strip()
-        if settings.auth.eval_jwt_secret
-        else ""
-    )
+    secret = (config.eval_secret or "").strip()
     if not secret:
         raise EvalConfigError(
             "EVAL_JWT_SECRET is not set: the eval runner signs its own HS256 tokens with it "
@@ -535,7 +543,7 @@ def _progress(console: Console, enabled: bool) -> Progress:
 async def run_eval(
     dataset: Dataset,
     base_url: str,
-    settings: Settings,
+    config: EvalConfig,
     concurrency: int = 4,
     model: str | None = None,
     judge: Judge | None = None,
@@ -555,15 +563,15 @@ async def run_eval(
     Raises ``EvalConfigError`` before or instead of a meaningless run."""
     if concurrency < 1:
         raise EvalConfigError("--concurrency must be at least 1")
-    secret = eval_secret(settings)
+    secret = eval_secret(config)
     base_url = base_url.rstrip("/")
     console = console or Console(file=sys.stderr)
     warnings: list[str] = []
-    configured = model or settings.llm.answer_model
+    configured = model or config.answer_model
     early = same_family(judge.model, [configured]) if judge is not None else None
     if early:
         loud_warning(console, early)
-    timeout = httpx.Timeout(timeout_seconds or settings.http.ask_timeout_seconds + 15, connect=10.0)
+    timeout = httpx.Timeout(timeout_seconds or config.ask_timeout_seconds + 15, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     started_at = datetime.now(UTC)
     # ``transport``: tests hand in an ``httpx.MockTransport`` (no sockets)

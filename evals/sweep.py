@@ -16,8 +16,7 @@ from typing import Any
 from evals.dataset import Dataset
 from evals.judge import JudgeConfig
 from evals.report import fmt_ms, fmt_rate, fmt_usd, md_cell
-from evals.runner import EvalRun, Status, run_eval
-from foundation.settings import Settings
+from evals.runner import EvalConfig, EvalRun, Status, run_eval
 
 TASK_CPUS = 0.25
 
@@ -25,7 +24,7 @@ TASK_CPUS = 0.25
 def run_model(
     dataset: Dataset,
     base_url: str,
-    settings: Settings,
+    config: EvalConfig,
     model: str,
     concurrency: int,
     judge_config: JudgeConfig | None,
@@ -39,7 +38,7 @@ def run_model(
             return await run_eval(
                 dataset,
                 base_url,
-                settings,
+                config,
                 concurrency,
                 model=model,
                 judge=judge,
@@ -78,7 +77,7 @@ def _ensure_ray(num_cpus: int | None, address: str | None) -> bool:
 def run_sweep(
     dataset: Dataset,
     base_url: str,
-    settings: Settings,
+    config: EvalConfig,
     models: Sequence[str],
     *,
     concurrency: int = 4,
@@ -92,11 +91,11 @@ def run_sweep(
         raise ValueError("a sweep needs at least one model")
     import ray
 
-    started = _ensure_ray(num_cpus, settings.ray.address)
+    started = _ensure_ray(num_cpus, config.ray_address)
     try:
         task: Any = ray.remote(num_cpus=task_cpus, max_retries=0)(run_model)
         refs = [
-            task.remote(dataset, base_url, settings, model, concurrency, judge_config, strict)
+            task.remote(dataset, base_url, config, model, concurrency, judge_config, strict)
             for model in models
         ]
         runs: list[EvalRun] = ray.get(refs)

@@ -420,12 +420,19 @@ class EmbeddingSection(Section):
         return _http_url(value)
 
     @property
-    def resolved_dim(self) -> int:
-        """EMBEDDING_DIM, or the default embedder's own dimension when unset."""
+    def known_dim(self) -> int | None:
+        """EMBEDDING_DIM, or the default embedder's own dimension when unset (None: neither)."""
         if self.dim is not None:
             return self.dim
         if self.backend == "sentence-transformers" and self.model in MINILM_NAMES:
             return 384
+        return None
+
+    @property
+    def resolved_dim(self) -> int:
+        """``known_dim``, or ``SettingsError`` saying EMBEDDING_DIM must be set."""
+        if self.known_dim is not None:
+            return self.known_dim
         raise SettingsError(
             "EMBEDDING_DIM: must be set when EMBEDDING_MODEL is not the default all-MiniLM-L6-v2"
         )

@@ -44,7 +44,7 @@ from opentelemetry import context as otel_context
 
 from foundation.observability import attributes as attr
 from foundation.observability.spans import tracer
-from foundation.settings import Settings
+from ingest_jobs.config import IngestConfig
 from ingest_jobs.ray_executor import RayChild, RayWork, start_ray_child
 from ingest_jobs.sources import (
     PreparedSource,
@@ -177,7 +177,7 @@ def _first_few(sources: list[str]) -> str:
     return f" ({', '.join(sources[:NOT_INGESTED_SHOWN])}{f' and {more} more' if more > 0 else ''})"
 
 
-def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Executor:
+def choose_executor(requested: Executor, chunks: int, config: IngestConfig) -> Executor:
     """The executor for a run of ``chunks`` chunks. ``auto``: Ray Data on a running cluster
     (``RAY_ADDRESS``: ``ray job submit``, ``POST /ingest``), else in-process below
     ``INGEST_RAY_MIN_CHUNKS``. Measured on the 2-core machine (bench/RESULTS.md "Executor
@@ -185,9 +185,9 @@ def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Exe
     in-process rate, so small and medium corpora are several times faster in-process."""
     if requested != "auto":
         return requested
-    if settings.ray.address:
+    if config.ray_address:
         return "ray"
-    return "ray" if chunks >= settings.ingestion.ray_min_chunks else "local"
+    return "ray" if chunks >= config.ray_min_chunks else "local"
 
 
 # ``INGEST_DEFER_VECTOR_INDEX=auto``: a run embedding fewer chunks inserts into the index (a
@@ -195,19 +195,19 @@ def choose_executor(requested: Executor, chunks: int, settings: Settings) -> Exe
 DEFER_INDEX_MIN_CHUNKS = 2_000
 
 
-def defer_vector_index(settings: Settings, new_chunks: int, stored_chunks: int) -> bool:
+def defer_vector_index(config: IngestConfig, new_chunks: int, stored_chunks: int) -> bool:
     """Whether a run writing ``new_chunks`` into a store of ``stored_chunks`` drops the vector
     index and builds it after. Building costs ~0.4 ms of CPU per vector of the whole store,
     inserting ~2 ms per new vector (10,000 vectors on this machine), so ``auto`` defers from a
     quarter of the store's size."""
-    if settings.ingestion.defer_vector_index != "auto":
-        return settings.ingestion.defer_vector_index == "always"
+    if config.defer_vector_index != "auto":
+        return config.defer_vector_index == "always"
     return new_chunks >= DEFER_INDEX_MIN_CHUNKS and 4 * new_chunks >= stored_chunks
 
 
 @asynccontextmanager
 async def vector_index_for(
-    store: DocumentStore, settings: Settings, new_chunks: int, stored_chunks: int
+    store: DocumentStore, config: IngestConfig, new_chunks: int, stored_chunks: int
 ) -> AsyncIterator[None]:
     """Around a run's writes: the vector index dropped for a bulk load and built after (also
     when the run fails: the original error wins), or built first if a run killed during its
@@ -216,7 +216,7 @@ async def vector_index_for(
     if not isinstance(store, VectorIndexOwner) or new_chunks == 0:
         yield
         return
-    deferred = defer_vector_index(settings, new_chunks, stored_chunks)
+    deferred = defer_vector_index(config, new_chunks, stored_chunks)
     if deferred:
         await store.drop_vector_index()
     else:
@@ -240,9 +240,9 @@ async def _build_vector_index(store: VectorIndexOwner) -> None:
         log.info("built the vector index")
 
 
-def effective_max_tokens(settings: Settings, embedder_max_tokens: int) -> int:
+def effective_max_tokens(config: IngestConfig, embedder_max_tokens: int) -> int:
     """The chunk budget, kept under the embedder's window with room for the section path."""
-    return max(16, min(settings.ingestion.chunk_max_tokens, embedder_max_tokens - 48))
+    return max(16, min(config.chunk_max_tokens, embedder_max_tokens - 48))
 
 
 def mean_input_chars(chunks: Sequence[Chunk]) -> float:
@@ -558,7 +558,7 @@ def _record(doc: PreparedSource, rows: list[dict[str, Any]]) -> DocumentRecord:
 @contextlib.contextmanager
 def _ray_child_ahead(
     options: IngestOptions,
-    settings: Settings,
+    config: IngestConfig,
     tokenizer_path: str | None,
     files: Sequence[SourceFile],
 ) -> Iterator[RayChild | None]:
@@ -567,9 +567,9 @@ def _ray_child_ahead(
     at the block's exit (told there is no work if its rows were never asked for: nothing
     changed)."""
     ray_sure = options.executor == "ray" or (
-        options.executor == "auto" and choose_executor("auto", 0, settings) == "ray"
+        options.executor == "auto" and choose_executor("auto", 0, config) == "ray"
     )
-    child = start_ray_child(settings, tokenizer_path) if ray_sure and files else None
+    child = start_ray_child(config, tokenizer_path) if ray_sure and files else None
     try:
         yield child
     finally:
@@ -579,7 +579,7 @@ def _ray_child_ahead(
 
 async def run_ingest(
     store: DocumentStore,
-    settings: Settings,
+    config: IngestConfig,
     options: IngestOptions,
     *,
     embedder: Embedder | None = None,
@@ -601,7 +601,7 @@ async def run_ingest(
         attributes={attr.LANGFUSE_TYPE: "span", "ingest.executor": options.executor},
     ) as span:
         report = await _run_ingest(
-            store, settings, options, embedder=embedder, progress=progress, detail=detail
+            store, config, options, embedder=embedder, progress=progress, detail=detail
         )
         for key, value in report.as_dict().items():
             if isinstance(value, int | float) and not isinstance(value, bool):
@@ -611,7 +611,7 @@ async def run_ingest(
 
 async def _run_ingest(
     store: DocumentStore,
-    settings: Settings,
+    config: IngestConfig,
     options: IngestOptions,
     *,
     embedder: Embedder | None,
@@ -650,13 +650,13 @@ async def _run_ingest(
         report.discovered = len(files)
         stored = await store.documents()
         span.set_attribute("ingest.discovered", len(files))
-    embedder_name = settings.embedding.model if embedder is None else embedder.name
+    embedder_name = config.embedder.model if embedder is None else embedder.name
     if embedder_name in {"sentence-transformers/all-MiniLM-L6-v2"}:
         embedder_name = "all-MiniLM-L6-v2"
 
     tokenizer_path = (
-        resolve_local_model(settings.embedding.model)
-        if settings.embedding.backend == "sentence-transformers"
+        resolve_local_model(config.embedder.model)
+        if config.embedder.backend == "sentence-transformers"
         else None
     )
     counter = token_counter(tokenizer_path)
@@ -664,9 +664,7 @@ async def _run_ingest(
     # to run it): the join and the process's start no longer wait for the count.
     with contextlib.ExitStack() as children:
         # Ended after the vector index is built: a child leaves Ray meanwhile.
-        ray_child = children.enter_context(
-            _ray_child_ahead(options, settings, tokenizer_path, files)
-        )
+        ray_child = children.enter_context(_ray_child_ahead(options, config, tokenizer_path, files))
         survey = functools.partial(
             _survey,
             counter=counter,
@@ -705,9 +703,9 @@ async def _run_ingest(
             await write([(doc, []) for doc in empty[start : start + WRITE_BATCH_DOCUMENTS]])
 
         stored_chunks = sum(doc.chunk_count for doc in stored.values())
-        async with vector_index_for(store, settings, counted.chunks, stored_chunks):
+        async with vector_index_for(store, config, counted.chunks, stored_chunks):
             if pending:
-                report.executor = choose_executor(options.executor, counted.chunks, settings)
+                report.executor = choose_executor(options.executor, counted.chunks, config)
                 log.info(
                     "embedding %d chunks of %d documents (%s)",
                     counted.chunks,
@@ -716,11 +714,11 @@ async def _run_ingest(
                 )
                 if report.executor == "ray":
                     child = ray_child or children.enter_context(
-                        contextlib.closing(start_ray_child(settings, tokenizer_path))
+                        contextlib.closing(start_ray_child(config, tokenizer_path))
                     )
                     iterator = child.rows(counted.ray_work(options))
                 else:
-                    embedder = embedder or build_embedder(settings)
+                    embedder = embedder or build_embedder(config.embedder)
                     iterator = _iter_local(
                         counted.in_order(), embedder, tokenizer_path, options, counted.chunks
                     )
@@ -729,7 +727,7 @@ async def _run_ingest(
                     attributes={
                         attr.LANGFUSE_TYPE: "embedding",
                         attr.GEN_AI_OPERATION: "embeddings",
-                        attr.GEN_AI_REQUEST_MODEL: settings.embedding.model,
+                        attr.GEN_AI_REQUEST_MODEL: config.embedder.model,
                         "ingest.documents": len(pending),
                     },
                 )

@@ -25,10 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from foundation.settings import Settings
+from ingest_jobs.config import IngestConfig
 from ingest_jobs.sources import PreparedSource, chunk_rows, read_body
 from ingest_jobs.token_counts import token_counter
-from retrieval.embedders import build_embedder, set_torch_threads, stream_count, streams_pay
+from retrieval.embedders import (
+    EmbedderConfig,
+    build_embedder,
+    set_torch_threads,
+    stream_count,
+    streams_pay,
+)
 from retrieval.search import embedding_input
 
 
@@ -40,19 +46,17 @@ class _ChunkEmbedActor:
 
     def __init__(
         self,
-        settings_env: dict[str, str],
+        embedder: EmbedderConfig,
         threads: int,
         tokenizer_path: str | None,
         budget: int,
         streams: int = 1,
     ) -> None:
-        from foundation.settings import load_settings
-
-        os.environ.update(settings_env)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # Ray sets OMP_NUM_THREADS to the actor's CPU request (1), which halves torch's encode
         # rate on 2 cores; the actors share the machine's cores between them instead.
         set_torch_threads(threads)
-        self.embedder = build_embedder(load_settings())
+        self.embedder = build_embedder(embedder)
         self.count_tokens = token_counter(tokenizer_path)
         self.budget = budget
         # ``streams`` calls run side by side (Ray Data's threaded actor), each on its share of
@@ -93,25 +97,7 @@ CHUNK_COLUMNS = (
 TEXT_COLUMNS = frozenset({"source", "id", "text", "section", "kind"})
 
 
-def _settings_env(settings: Settings) -> dict[str, str]:
-    """The embedder's settings as environment variables, for Ray workers."""
-    env = {
-        "EMBEDDING_BACKEND": settings.embedding.backend,
-        "EMBEDDING_MODEL": settings.embedding.model,
-        "EMBEDDING_DIM": str(settings.embedding.resolved_dim),
-        "EMBEDDING_BATCH_SIZE": str(settings.embedding.batch_size),
-        "EMBEDDING_DTYPE": settings.embedding.dtype,
-        "LLM_BASE_URL": settings.llm.base_url,
-        "HF_HUB_OFFLINE": "1",
-    }
-    if settings.embedding.base_url:
-        env["EMBEDDING_BASE_URL"] = settings.embedding.base_url
-    if settings.llm.api_key:
-        env["LLM_API_KEY"] = settings.llm.api_key.get_secret_value()
-    return env
-
-
-def start_ray(settings: Settings) -> None:
+def start_ray(config: IngestConfig) -> None:
     """Join ``RAY_ADDRESS`` or start a private local Ray, on the CALLING thread.
 
     Ray's local processes (raylet, GCS) die with the thread that started them: it forks them
@@ -123,7 +109,7 @@ def start_ray(settings: Settings) -> None:
 
     if ray.is_initialized():
         return
-    address = settings.ray.address
+    address = config.ray_address
     if address:
         ray.init(address=address, log_to_driver=False)
         return
@@ -133,8 +119,8 @@ def start_ray(settings: Settings) -> None:
     # On a cluster, `ray job submit` sets RAY_ADDRESS.
     ray.init(
         address="local",
-        num_cpus=settings.ingestion.cpus,
-        object_store_memory=settings.ingestion.object_store_mb * 1024 * 1024,
+        num_cpus=config.cpus,
+        object_store_memory=config.object_store_mb * 1024 * 1024,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
@@ -143,7 +129,7 @@ def start_ray(settings: Settings) -> None:
 
 def iter_ray(
     work: RayWork,
-    settings: Settings,
+    config: IngestConfig,
     tokenizer_path: str | None,
 ) -> Iterator[dict[str, Any]]:
     """The embedded chunk rows of ``work`` from the Ray Data pipeline. Ray is started here, on
@@ -151,18 +137,18 @@ def iter_ray(
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
 
-    start_ray(settings)
+    start_ray(config)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.verbose_progress = False
 
     threads = max(1, (os.cpu_count() or 1) // work.embed_actors)
-    streams = stream_count(settings.embedding.streams, threads) if streams_pay(work.chunks) else 1
+    streams = stream_count(config.embedder.streams, threads) if streams_pay(work.chunks) else 1
     ds: Any = ray.data.from_items(work.items, override_num_blocks=work.blocks)
     ds = ds.map_batches(
         _ChunkEmbedActor,
         fn_constructor_args=(
-            _settings_env(settings),
+            config.embedder,
             threads,
             tokenizer_path,
             work.max_tokens,
@@ -175,7 +161,7 @@ def iter_ray(
             max_concurrent_calls_per_actor=streams,
             enable_true_multi_threading=streams > 1,
         ),
-        num_cpus=min(1.0, settings.ingestion.cpus / (work.embed_actors + 1)),
+        num_cpus=min(1.0, config.cpus / (work.embed_actors + 1)),
     )
     return iter(ds.iter_rows())  # run in the child: the pipe copies each row out
 
@@ -236,7 +222,7 @@ class RayPipelineLost(RuntimeError):
         super().__init__(f"the Ray pipeline's process ended (exit code {exit_code}) {where}")
 
 
-ChildMain = Callable[[Settings, str | None, Connection, Connection], None]
+ChildMain = Callable[[IngestConfig, str | None, Connection, Connection], None]
 
 
 class RayChild:
@@ -304,7 +290,7 @@ class RayChild:
 
 
 def start_ray_child(
-    settings: Settings, tokenizer_path: str | None, *, child_main: ChildMain | None = None
+    config: IngestConfig, tokenizer_path: str | None, *, child_main: ChildMain | None = None
 ) -> RayChild:
     """Start the process that runs ``iter_ray`` and sends its rows over a pipe. A Ray node
     that dies takes down the driver connected to it with a bare ``exit(1)``; here that is
@@ -316,7 +302,7 @@ def start_ray_child(
     work_reader, work_writer = context.Pipe(duplex=False)
     child = context.Process(
         target=child_main or _ray_child,
-        args=(settings, tokenizer_path, work_reader, sender),
+        args=(config, tokenizer_path, work_reader, sender),
         name="ingest-ray",
         daemon=True,
     )
@@ -327,7 +313,7 @@ def start_ray_child(
 
 
 def _ray_child(
-    settings: Settings,
+    config: IngestConfig,
     tokenizer_path: str | None,
     work_reader: Connection,
     sender: Connection,
@@ -338,12 +324,12 @@ def _ray_child(
     sys.stdout = sys.stderr
     try:
         arrived = _work_when_it_arrives(work_reader)
-        start_ray(settings)  # while the driver still counts the corpus
+        start_ray(config)  # while the driver still counts the corpus
         work = arrived.get()
         if isinstance(work, BaseException):
             raise work
         batch: list[dict[str, Any]] = []
-        for row in iter_ray(work, settings, tokenizer_path):
+        for row in iter_ray(work, config, tokenizer_path):
             batch.append(row)
             if len(batch) >= ROWS_PER_MESSAGE:
                 sender.send(("rows", batch))

@@ -17,19 +17,39 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from foundation.settings import Settings
-
 log = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
 
 MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+MINILM_DIM = 384
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Which embedder to build (``build_embedder``): the EMBEDDING_* settings, with the
+    provider's URL, key and call limits for the ``openai`` backend. Picklable: a Ray worker
+    builds its own embedder from it."""
+
+    backend: Literal["sentence-transformers", "openai"] = "sentence-transformers"
+    model: str = "all-MiniLM-L6-v2"  # a sentence-transformers name or folder, or the provider's
+    # The schema's vector dimension: a model that disagrees is refused. None: not known (a
+    # model other than the default and no EMBEDDING_DIM), so no embedder is built.
+    dim: int | None = MINILM_DIM
+    batch_size: int = 32
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # a local model's weights
+    streams: int = 0  # ingestion's encode calls side by side (0: one per torch thread)
+    base_url: str = "https://openrouter.ai/api/v1"  # the openai backend's /embeddings base
+    api_key: str | None = field(default=None, repr=False)
+    timeout_seconds: float = 60.0
+    max_retries: int = 3
 
 
 class EmbedderError(RuntimeError):
@@ -352,34 +372,31 @@ class OpenAIEmbedder:
         return self._check(_normalise(out))
 
 
-def build_embedder(settings: Settings) -> Embedder:
-    """The configured embedder, checked against EMBEDDING_DIM (an error now, not a failed
-    insert later)."""
-    dim = settings.embedding.resolved_dim
-    if settings.embedding.backend == "openai":
-        key = settings.llm.api_key.get_secret_value() if settings.llm.api_key else None
-        return OpenAIEmbedder(
-            settings.embedding.model,
-            base_url=settings.embedding.base_url or settings.llm.base_url,
-            api_key=key,
-            dim=dim,
-            batch_size=settings.embedding.batch_size,
-            timeout=settings.llm.timeout_seconds,
-            max_retries=settings.llm.max_retries,
-        )
-    if not Path(settings.embedding.model).exists() and settings.embedding.model not in MINILM_NAMES:
-        log.info(
-            "EMBEDDING_MODEL %s is not a folder; trying the local cache", settings.embedding.model
-        )
-    embedder = SentenceTransformerEmbedder(
-        settings.embedding.model,
-        batch_size=settings.embedding.batch_size,
-        dtype=settings.embedding.dtype,
-        streams=settings.embedding.streams,
-    )
-    if embedder.dim != dim:
+def build_embedder(config: EmbedderConfig) -> Embedder:
+    """The configured embedder, checked against ``config.dim`` (EMBEDDING_DIM: an error now,
+    not a failed insert later)."""
+    if config.dim is None:
         raise EmbedderError(
-            f"EMBEDDING_DIM is {dim} but EMBEDDING_MODEL={settings.embedding.model} "
+            "EMBEDDING_DIM: must be set when EMBEDDING_MODEL is not the default all-MiniLM-L6-v2"
+        )
+    if config.backend == "openai":
+        return OpenAIEmbedder(
+            config.model,
+            base_url=config.base_url,
+            api_key=config.api_key,
+            dim=config.dim,
+            batch_size=config.batch_size,
+            timeout=config.timeout_seconds,
+            max_retries=config.max_retries,
+        )
+    if not Path(config.model).exists() and config.model not in MINILM_NAMES:
+        log.info("EMBEDDING_MODEL %s is not a folder; trying the local cache", config.model)
+    embedder = SentenceTransformerEmbedder(
+        config.model, batch_size=config.batch_size, dtype=config.dtype, streams=config.streams
+    )
+    if embedder.dim != config.dim:
+        raise EmbedderError(
+            f"EMBEDDING_DIM is {config.dim} but EMBEDDING_MODEL={config.model} "
             f"produces {embedder.dim}-dimensional vectors"
         )
     return embedder

@@ -13,10 +13,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-from foundation.settings import Settings
+from typing import Any, Literal, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +107,19 @@ class CrossEncoderReranker:
         return await asyncio.to_thread(self.score, query, passages)
 
 
-def build_reranker(settings: Settings) -> Reranker:
-    if settings.retrieval.reranker == "cross-encoder" and settings.retrieval.reranker_model:
-        return CrossEncoderReranker(
-            resolve_reranker_model(settings.retrieval.reranker_model, settings.home)
-        )
+@dataclass(frozen=True)
+class RerankerConfig:
+    """Which reranker to build (``build_reranker``): RERANKER and RERANKER_MODEL, and the
+    service's home, where ``trained`` resolves (``resolve_reranker_model``)."""
+
+    kind: Literal["noop", "cross-encoder"] = "noop"
+    model: str | None = None  # a CrossEncoder name or folder, or ``trained``
+    home: Path = Path(".agent-service")
+
+
+def build_reranker(config: RerankerConfig) -> Reranker:
+    if config.kind == "cross-encoder" and config.model:
+        return CrossEncoderReranker(resolve_reranker_model(config.model, config.home))
     log.info(
         "reranker: noop (fused order kept). Set RERANKER=cross-encoder and RERANKER_MODEL to a "
         "sentence-transformers CrossEncoder name or folder (or `trained`: the one "

@@ -311,6 +311,20 @@ def keyword_query_text(text: str) -> str:
     return _LONE_DASH.sub(" ", _DASH_RUN.sub("-", text))
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """How the knowledge base is opened (``PgDocumentStore.open``): the schema's vector
+    dimension (EMBEDDING_DIM, checked), the pool (DB_POOL_*), pgvector's ``hnsw.ef_search``
+    (HNSW_EF_SEARCH) and the keyword side (KEYWORD_COMMON_ROWS, KEYWORD_RANKING)."""
+
+    embedding_dim: int
+    min_size: int = 1
+    max_size: int = 10
+    ef_search: int = 200
+    keyword_common_rows: int = DEFAULT_KEYWORD_COMMON_ROWS
+    keyword_ranking: KeywordRanking = DEFAULT_KEYWORD_RANKING
+
+
 class PgDocumentStore:
     def __init__(
         self,
@@ -373,6 +387,19 @@ class PgDocumentStore:
         store = cls(pool, keyword_common_rows=keyword_common_rows, keyword_ranking=keyword_ranking)
         await store.common_words()
         return store
+
+    @classmethod
+    async def open(cls, url: str, config: StoreConfig) -> PgDocumentStore:
+        """``connect`` as ``config`` says."""
+        return await cls.connect(
+            url,
+            embedding_dim=config.embedding_dim,
+            min_size=config.min_size,
+            max_size=config.max_size,
+            ef_search=config.ef_search,
+            keyword_common_rows=config.keyword_common_rows,
+            keyword_ranking=config.keyword_ranking,
+        )
 
     @property
     def pool(self) -> asyncpg.Pool:

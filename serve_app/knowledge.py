@@ -13,31 +13,26 @@ from retrieval.store import (
     Candidate,
     DocumentRecord,
     PgDocumentStore,
+    StoreConfig,
     StoredDocument,
     WriteOutcome,
 )
 from serve_app.lazy import OpenedOnFirstUse
 
 
-async def connect_store(settings: Settings, url: str) -> PgDocumentStore:
-    """A pool on ``url``; checks the schema is at head with EMBEDDING_DIM."""
-    return await PgDocumentStore.connect(
-        url,
-        embedding_dim=settings.embedding.resolved_dim,
-        min_size=settings.database.pool_min_size,
-        max_size=settings.database.pool_max_size,
-        ef_search=settings.retrieval.hnsw_ef_search,
-        keyword_common_rows=settings.retrieval.keyword_common_rows,
-        keyword_ranking=settings.retrieval.keyword_ranking,
-    )
+async def connect_store(config: StoreConfig, url: str) -> PgDocumentStore:
+    """A pool on ``url``; checks the schema is at head with EMBEDDING_DIM
+    (``config``: ``serve_app.wiring.store_config``)."""
+    return await PgDocumentStore.open(url, config)
 
 
 class LazyStore:
     """The ``DocumentStore`` port over a ``PgDocumentStore`` opened on first use (and again
     after a failed attempt). ``PgDocumentStore.connect`` checks the schema and dimension."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, settings: Settings, config: StoreConfig) -> None:
+        self._settings = settings  # DATABASE_URL, or the embedded server under its home
+        self._config = config
         self._url: str | None = None
         self._store = OpenedOnFirstUse(self._connect)
 
@@ -52,7 +47,7 @@ class LazyStore:
         return self._url
 
     async def _connect(self) -> PgDocumentStore:
-        return await connect_store(self._settings, await self.url())
+        return await connect_store(self._config, await self.url())
 
     async def get(self) -> PgDocumentStore:
         return await self._store.get()

@@ -185,19 +185,6 @@ class LazyUsageStore:
 # --- the limits of one request ----------------------------------------------------------------
 
 
-def policy_from_settings(settings: Settings) -> LimitPolicy:
-    return LimitPolicy(
-        user_requests_per_minute=settings.limits.rate_limit_user_per_minute,
-        domain_requests_per_minute=settings.limits.rate_limit_domain_per_minute,
-        user_tokens=settings.limits.budget_user_tokens,
-        domain_tokens=settings.limits.budget_domain_tokens,
-        user_cost_usd=settings.limits.budget_user_cost_usd,
-        domain_cost_usd=settings.limits.budget_domain_cost_usd,
-        period=settings.limits.budget_period,
-        elevated_factor=settings.limits.elevated_factor,
-    )
-
-
 class RequestLimits:
     """The rate limits and budgets of ``/ask`` (see the module docstring)."""
 
@@ -446,13 +433,15 @@ async def _closing(events: AsyncIterator[AgentEvent]) -> AsyncIterator[AgentEven
 
 def build_request_limits(
     settings: Settings,
+    policy: LimitPolicy,
     *,
     store: UsageStore | None = None,
     metrics: MetricsSink | None = None,
     clock: Clock = utc_now,
 ) -> RequestLimits:
-    """The configured limits; off (no store, nothing opened) when every limit is 0."""
-    policy = policy_from_settings(settings)
+    """The limits ``policy`` sets (``serve_app.wiring.limit_policy``); off (no store, nothing
+    opened) when every limit is 0. ``settings``: the database the counters live in, and
+    LIMITS_FAIL_OPEN."""
     if not policy.enabled:
         return RequestLimits(policy, None)
     return RequestLimits(

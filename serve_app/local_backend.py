@@ -29,6 +29,7 @@ from conversations.store import ConversationStore
 from foundation.identity import AuthUser
 from foundation.settings import Settings
 from foundation.tracing import use_context
+from ingest_jobs.config import IngestConfig
 from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
 from retrieval.embedders import Embedder
 from serve_app.backend import (
@@ -94,6 +95,7 @@ class LocalBackend:
         store: LazyStore,
         embedder: Embedder,
         conversations: ConversationStore,
+        ingest: IngestConfig,
         closables: Sequence[Closable] = (),
         limits: RequestLimits | None = None,
         feedback: FeedbackStore | None = None,
@@ -103,6 +105,7 @@ class LocalBackend:
         self.agent = agent
         self.store = store
         self.embedder = embedder
+        self.ingest = ingest  # POST /ingest's runs (serve_app.wiring.ingest_config)
         self._conversations = conversations
         # The callers' rate limits and budgets (the app's /ask checks them; closed here).
         self.limits = limits if limits is not None else RequestLimits.disabled()
@@ -190,10 +193,10 @@ class LocalBackend:
                 executor="local",
                 embed_actors=settings.ingestion.embed_actors,
                 batch_size=settings.embedding.batch_size,
-                max_tokens=effective_max_tokens(settings, self.embedder.max_tokens),
+                max_tokens=effective_max_tokens(self.ingest, self.embedder.max_tokens),
             )
             report = await run_ingest(
-                store, settings, options, embedder=self.embedder, progress=progress
+                store, self.ingest, options, embedder=self.embedder, progress=progress
             )
         except asyncio.CancelledError:
             run.finish("stopped", "the server stopped during the run")

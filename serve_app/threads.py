@@ -56,6 +56,7 @@ from conversations.store import (
     Conversation,
     ConversationFull,
     ConversationPage,
+    ConversationsConfig,
     ConversationStore,
     ConversationStoreError,
     NoSuchConversation,
@@ -121,17 +122,14 @@ class LazyConversationStore:
     again after a failed attempt). Database failures raise ``ConversationsUnavailable``;
     the store's rules (``NoSuchConversation``, ``ConversationFull``) pass through."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, settings: Settings, config: ConversationsConfig) -> None:
+        self._settings = settings  # DATABASE_URL, or the embedded server under its home
+        self._config = config
         self._store = OpenedOnFirstUse(self._connect)
 
     async def _connect(self) -> PgConversationStore:
-        settings = self._settings
-        return await PgConversationStore.connect(
-            await resolve_database_url(settings),
-            min_size=settings.database.pool_min_size,
-            max_size=settings.database.pool_max_size,
-        )
+        url = await resolve_database_url(self._settings)
+        return await PgConversationStore.open(url, self._config)
 
     async def _call(self, use: Callable[[PgConversationStore], Awaitable[T]]) -> T:
         try:

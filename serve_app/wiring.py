@@ -2,15 +2,16 @@
 
 The single-process app, the Serve deployments, the CLI, the evals and the benchmarks all
 build their parts here, so each part is wired one way. The libraries below (``agent``,
-``retrieval``) take small typed configs and ports; only this module reads ``Settings`` for
-them."""
+``retrieval``, ``ingest_jobs``, ``conversations``, ``usage_limits``, ``evals``) take small
+typed configs and ports, never ``Settings`` (tests/test_layering.py); the functions named
+``*_config`` (and ``limit_policy``) here build those configs from the settings' sections."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agent.access import DomainAuthorizer
 from agent.llm.base import LLMClient
@@ -23,19 +24,25 @@ from agent.tools.base import Retriever
 from agent.tools.downstream import Downstream
 from agent.tools.executor import LocalToolExecutor, ToolExecutor
 from agent.tools.registry import ToolRegistry
-from conversations.store import ConversationStore
+from conversations.store import ConversationsConfig, ConversationStore
 from foundation.database import migrate, resolve_database_url
 from foundation.observability.setup import configure_observability
 from foundation.settings import Settings, SettingsError, load_settings
-from retrieval.embedders import Embedder, build_embedder
-from retrieval.rerankers import Reranker, build_reranker
+from ingest_jobs.config import IngestConfig
+from retrieval.embedders import Embedder, EmbedderConfig, build_embedder
+from retrieval.rerankers import Reranker, RerankerConfig, build_reranker
 from retrieval.search import HybridRetriever, RetrievalConfig
-from retrieval.store import DocumentStore, PgDocumentStore
+from retrieval.store import DocumentStore, PgDocumentStore, StoreConfig
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.knowledge import LazyStore, connect_store
 from serve_app.limits import RequestLimits, build_request_limits
 from serve_app.local_backend import Closable, LocalBackend
 from serve_app.threads import LazyConversationStore
+from usage_limits.core import LimitPolicy
+
+if TYPE_CHECKING:
+    from evals.judge import JudgeConfig
+    from evals.runner import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +174,59 @@ def build_agent(settings: Settings, *, llm: LLMClient, tools: ToolExecutor) -> A
 # --- the knowledge base -----------------------------------------------------------------------
 
 
+def embedder_config(settings: Settings) -> EmbedderConfig:
+    """The embedder (EMBEDDING_*); the ``openai`` backend calls the provider (LLM_BASE_URL
+    unless EMBEDDING_BASE_URL, with its key, timeout and retries). Building it refuses an
+    unknown dimension (EMBEDDING_DIM unset for a model other than the default)."""
+    embedding, llm = settings.embedding, settings.llm
+    return EmbedderConfig(
+        backend=embedding.backend,
+        model=embedding.model,
+        dim=embedding.known_dim,
+        batch_size=embedding.batch_size,
+        dtype=embedding.dtype,
+        streams=embedding.streams,
+        base_url=embedding.base_url or llm.base_url,
+        api_key=llm.api_key.get_secret_value() if llm.api_key else None,
+        timeout_seconds=llm.timeout_seconds,
+        max_retries=llm.max_retries,
+    )
+
+
+def reranker_config(settings: Settings) -> RerankerConfig:
+    return RerankerConfig(
+        kind=settings.retrieval.reranker,
+        model=settings.retrieval.reranker_model,
+        home=settings.home,
+    )
+
+
+def store_config(settings: Settings) -> StoreConfig:
+    """The knowledge base's pool and search parameters, checked against EMBEDDING_DIM."""
+    retrieval = settings.retrieval
+    return StoreConfig(
+        embedding_dim=settings.embedding.resolved_dim,
+        min_size=settings.database.pool_min_size,
+        max_size=settings.database.pool_max_size,
+        ef_search=retrieval.hnsw_ef_search,
+        keyword_common_rows=retrieval.keyword_common_rows,
+        keyword_ranking=retrieval.keyword_ranking,
+    )
+
+
+def ingest_config(settings: Settings) -> IngestConfig:
+    ingestion = settings.ingestion
+    return IngestConfig(
+        embedder=embedder_config(settings),
+        chunk_max_tokens=ingestion.chunk_max_tokens,
+        ray_min_chunks=ingestion.ray_min_chunks,
+        defer_vector_index=ingestion.defer_vector_index,
+        cpus=ingestion.cpus,
+        object_store_mb=ingestion.object_store_mb,
+        ray_address=settings.ray.address,
+    )
+
+
 def retrieval_config(settings: Settings) -> RetrievalConfig:
     retrieval = settings.retrieval
     return RetrievalConfig(
@@ -188,7 +248,7 @@ async def open_store(settings: Settings, *, migrate_first: bool = False) -> PgDo
     url = await resolve_database_url(settings)
     if migrate_first:
         migrate(url, settings.embedding.resolved_dim)
-    return await connect_store(settings, url)
+    return await connect_store(store_config(settings), url)
 
 
 def build_retriever(
@@ -200,8 +260,8 @@ def build_retriever(
 ) -> HybridRetriever:
     return HybridRetriever(
         store,
-        embedder or build_embedder(settings),
-        reranker or build_reranker(settings),
+        embedder or build_embedder(embedder_config(settings)),
+        reranker or build_reranker(reranker_config(settings)),
         retrieval_config(settings),
     )
 
@@ -219,10 +279,79 @@ async def opened_retriever(settings: Settings) -> AsyncIterator[HybridRetriever]
 # --- conversations ----------------------------------------------------------------------------
 
 
+def conversations_config(settings: Settings) -> ConversationsConfig:
+    return ConversationsConfig(
+        ttl_days=settings.conversations.ttl_days,
+        min_size=settings.database.pool_min_size,
+        max_size=settings.database.pool_max_size,
+    )
+
+
 def build_conversation_store(settings: Settings) -> LazyConversationStore:
     """The callers' conversations in DATABASE_URL (or the embedded server), opened on first
     use: building it touches no database."""
-    return LazyConversationStore(settings)
+    return LazyConversationStore(settings, conversations_config(settings))
+
+
+# --- usage limits -----------------------------------------------------------------------------
+
+
+def limit_policy(settings: Settings) -> LimitPolicy:
+    """The rate limits and budgets of ``POST /ask`` (RATE_LIMIT_*, BUDGET_*, LIMITS_*)."""
+    limits = settings.limits
+    return LimitPolicy(
+        user_requests_per_minute=limits.rate_limit_user_per_minute,
+        domain_requests_per_minute=limits.rate_limit_domain_per_minute,
+        user_tokens=limits.budget_user_tokens,
+        domain_tokens=limits.budget_domain_tokens,
+        user_cost_usd=limits.budget_user_cost_usd,
+        domain_cost_usd=limits.budget_domain_cost_usd,
+        period=limits.budget_period,
+        elevated_factor=limits.elevated_factor,
+    )
+
+
+# --- evals ------------------------------------------------------------------------------------
+
+
+def eval_config(settings: Settings) -> EvalConfig:
+    """What ``agent-service eval`` takes: the running service's URL, the eval secret, the
+    answer model and the /ask deadline, and the Ray a sweep runs on."""
+    from evals.runner import EvalConfig
+
+    secret = settings.auth.eval_jwt_secret
+    return EvalConfig(
+        base_url=f"http://{settings.serve.host}:{settings.serve.port}{settings.http.api_prefix}",
+        eval_secret=secret.get_secret_value() if secret else None,
+        answer_model=settings.llm.answer_model,
+        ask_timeout_seconds=settings.http.ask_timeout_seconds,
+        ray_address=settings.ray.address,
+    )
+
+
+def judge_config(settings: Settings, *, model: str | None = None) -> JudgeConfig:
+    """JUDGE_MODEL at JUDGE_BASE_URL (default LLM_BASE_URL) with the provider API key.
+
+    Raises ``SettingsError`` when a remote judge has no key."""
+    from evals.judge import JudgeConfig, is_loopback
+
+    base_url = settings.evals.judge_base_url or settings.llm.base_url
+    key = settings.llm.api_key.get_secret_value().strip() if settings.llm.api_key else ""
+    if not key:
+        if not is_loopback(base_url):
+            raise SettingsError(
+                f"{API_KEY_VARIABLES[0]} is not set (also accepted: "
+                f"{', '.join(API_KEY_VARIABLES[1:])}): the judge at {base_url} needs an API "
+                "key (or run with --no-judge)"
+            )
+        key = LOCAL_PLACEHOLDER_KEY
+    return JudgeConfig(
+        model=model or settings.evals.judge_model,
+        base_url=base_url,
+        api_key=key,
+        timeout_seconds=settings.llm.timeout_seconds,
+        max_retries=settings.llm.max_retries,
+    )
 
 
 # --- the in-process backend -------------------------------------------------------------------
@@ -248,11 +377,11 @@ def build_local_backend(
         client = built_client
     else:
         client = llm
-    embedder = embedder or build_embedder(settings)
+    embedder = embedder or build_embedder(embedder_config(settings))
     if downstream is None:
         downstream = build_downstream(settings)
         closables.append(downstream)
-    store = LazyStore(settings)
+    store = LazyStore(settings, store_config(settings))
     tools = local_tool_executor(
         settings,
         downstream=downstream,
@@ -267,6 +396,9 @@ def build_local_backend(
         conversations=conversations
         if conversations is not None
         else build_conversation_store(settings),
+        ingest=ingest_config(settings),
         closables=closables,
-        limits=limits if limits is not None else build_request_limits(settings),
+        limits=limits
+        if limits is not None
+        else build_request_limits(settings, limit_policy(settings)),
     )

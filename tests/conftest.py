@@ -192,6 +192,7 @@ async def sample_docs_url(pg_admin_url: str, cached_minilm: Any) -> AsyncIterato
     from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
+    from serve_app.wiring import ingest_config
 
     _ensure_server()
     name = f"t_docs_{uuid.uuid4().hex[:10]}"
@@ -207,7 +208,7 @@ async def sample_docs_url(pg_admin_url: str, cached_minilm: Any) -> AsyncIterato
     try:
         report = await run_ingest(
             store,
-            settings,
+            ingest_config(settings),
             IngestOptions(roots=roots, executor="local", max_tokens=200),
             embedder=embedder,
         )

@@ -49,8 +49,21 @@ PROJECT = {*ALLOWED, "bench", "migrations", "tests"}
 # serve_app/app.py, the deprecated alias for configs written before deployments/graph.py,
 # resolves the graph by name (importlib), so it needs no exemption here.
 ALIASES: set[str] = set()
-# Modules the agent core must not import (it takes AgentConfig, built in serve_app.wiring).
-AGENT_FORBIDDEN = {"foundation.settings"}
+# Modules the libraries must not import: each takes a small typed config of its own
+# (AgentConfig, RetrievalConfig, EmbedderConfig, RerankerConfig, StoreConfig, IngestConfig,
+# ConversationsConfig, LimitPolicy, EvalConfig, JudgeConfig), built from Settings in
+# serve_app.wiring.
+LIBRARIES = {
+    "agent",
+    "retrieval",
+    "ingest_jobs",
+    "conversations",
+    "usage_limits",
+    "local_world",
+    "evals",
+}
+LIBRARY_FORBIDDEN = {"foundation.settings"}
+AGENT_FORBIDDEN = LIBRARY_FORBIDDEN
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -101,15 +114,23 @@ def test_a_package_imports_only_the_floors_below(package: str) -> None:
     assert wrong == []
 
 
-def test_the_agent_core_takes_no_settings() -> None:
-    wrong = sorted(
+def _reads_settings(package: str) -> list[str]:
+    return sorted(
         f"{module} -> {target}"
         for module, targets in GRAPH.items()
-        if module.split(".")[0] == "agent"
+        if module.split(".")[0] == package
         for target in targets
-        if any(target == f or target.startswith(f + ".") for f in AGENT_FORBIDDEN)
+        if any(target == f or target.startswith(f + ".") for f in LIBRARY_FORBIDDEN)
     )
-    assert wrong == []
+
+
+def test_the_agent_core_takes_no_settings() -> None:
+    assert _reads_settings("agent") == []
+
+
+@pytest.mark.parametrize("package", sorted(LIBRARIES))
+def test_a_library_takes_its_own_config_not_the_settings(package: str) -> None:
+    assert _reads_settings(package) == []
 
 
 # The small-model strategy is a plug-in of the agent core (agent.strategy): the core (the loop,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from datetime import timedelta
+from dataclasses import replace
 from typing import Any, TextIO
 
 from foundation.settings import Settings
@@ -100,13 +100,14 @@ def cmd_delete(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
 async def _prune(settings: Settings, batch_size: int, dry_run: bool) -> dict[str, Any]:
     from conversations.store import PgConversationStore
     from foundation.database import redact, resolve_database_url
+    from serve_app.wiring import conversations_config
 
+    config = conversations_config(settings)
+    assert config.ttl is not None  # cmd_prune: CONVERSATION_TTL_DAYS=0 prunes nothing
     url = await resolve_database_url(settings)
-    store = await PgConversationStore.connect(url, max_size=1)
+    store = await PgConversationStore.open(url, replace(config, min_size=1, max_size=1))
     try:
-        report = await store.prune(
-            timedelta(days=settings.conversations.ttl_days), batch_size=batch_size, dry_run=dry_run
-        )
+        report = await store.prune(config.ttl, batch_size=batch_size, dry_run=dry_run)
     finally:
         await store.close()
     return {

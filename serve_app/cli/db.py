@@ -29,8 +29,9 @@ async def _mend_vector_index(settings: Settings, url: str) -> None:
     """An ingestion run killed during a bulk load leaves the HNSW index dropped
     (INGEST_DEFER_VECTOR_INDEX); searches stay right but scan. ``db up`` builds it again."""
     from serve_app.knowledge import connect_store
+    from serve_app.wiring import store_config
 
-    store = await connect_store(settings, url)
+    store = await connect_store(store_config(settings), url)
     try:
         await store.build_vector_index()
     finally:

@@ -90,11 +90,15 @@ def cmd_eval(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         raise CliError(EXPORT_ONLY)
 
     from evals.command import EvalOptions, EvalUsageError, run_eval_command
-    from serve_app.wiring import opened_retriever
+    from serve_app.wiring import eval_config, judge_config, opened_retriever
 
     try:
         return run_eval_command(
-            EvalOptions.from_namespace(args), settings, out, open_retriever=opened_retriever
+            EvalOptions.from_namespace(args),
+            eval_config(settings),
+            out,
+            judge=lambda: judge_config(settings),
+            open_retriever=lambda: opened_retriever(settings),
         )
     except EvalUsageError as exc:
         raise CliError(str(exc)) from None

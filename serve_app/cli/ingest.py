@@ -45,7 +45,7 @@ def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     from foundation.acl import parse_acl
     from ingest_jobs.pipeline import IngestFailed, IngestOptions, effective_max_tokens, run_ingest
     from retrieval.embedders import build_embedder
-    from serve_app.wiring import open_store
+    from serve_app.wiring import ingest_config, open_store
 
     if args.root:
         acl = parse_acl(csv_list(args.acl))
@@ -58,14 +58,16 @@ def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
 
     console = Console(file=sys.stderr)
 
+    config = ingest_config(settings)
+
     async def run() -> dict[str, object]:
         store = await open_store(settings, migrate_first=True)
         try:
             # The local executor embeds in-process; the Ray one loads models in its actors
             # (auto: the pipeline builds the embedder itself if it runs in-process).
-            embedder = build_embedder(settings) if args.executor == "local" else None
+            embedder = build_embedder(config.embedder) if args.executor == "local" else None
             max_tokens = effective_max_tokens(
-                settings, embedder.max_tokens if embedder else _embedder_window(settings)
+                config, embedder.max_tokens if embedder else _embedder_window(settings)
             )
             options = IngestOptions(
                 roots=roots,
@@ -83,7 +85,7 @@ def _ingest(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
             with IngestDisplay(console, enabled=not (args.quiet or args.json_lines)) as display:
                 report = await run_ingest(
                     store,
-                    settings,
+                    config,
                     options,
                     embedder=embedder,
                     progress=progress if args.json_lines else None,
@@ -195,8 +197,9 @@ def _embedder_window(settings: Settings) -> int:
     if settings.embedding.model in MINILM_NAMES:
         return 256
     from retrieval.embedders import build_embedder
+    from serve_app.wiring import embedder_config
 
-    return build_embedder(settings).max_tokens
+    return build_embedder(embedder_config(settings)).max_tokens
 
 
 # --- search ---

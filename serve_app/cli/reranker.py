@@ -29,15 +29,15 @@ async def _mine_examples(
     from retrieval.rerankers import NoopReranker
     from retrieval.search import HybridRetriever
     from serve_app.knowledge import connect_store
-    from serve_app.wiring import retrieval_config
+    from serve_app.wiring import embedder_config, retrieval_config, store_config
 
     server_url = await resolve_database_url(settings)
     await ensure_database_exists(with_database(server_url, "postgres"), args.database)
     url = with_database(server_url, args.database)
     await asyncio.to_thread(migrate, url, settings.embedding.resolved_dim)
-    store = await connect_store(settings, url)
+    store = await connect_store(store_config(settings), url)
     try:
-        embedder = build_embedder(settings)
+        embedder = build_embedder(embedder_config(settings))
         written = await index_passages(store, embedder, pairs)
         docs, chunks = await store.counts()
         print(

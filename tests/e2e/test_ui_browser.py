@@ -93,6 +93,7 @@ def ui_docs_url(
     from foundation.settings import Settings
     from ingest_jobs.pipeline import IngestOptions, run_ingest
     from retrieval.store import PgDocumentStore
+    from serve_app.wiring import ingest_config
     from tests.conftest import TEST_HOME, _create_database, _drop_database, _ensure_server
 
     docs = TEST_HOME / "ui-docs"  # a fixed path: the screenshots show the pages' sources
@@ -110,7 +111,7 @@ def ui_docs_url(
         try:
             await run_ingest(
                 store,
-                Settings(agent_service_home=TEST_HOME),
+                ingest_config(Settings(agent_service_home=TEST_HOME)),
                 IngestOptions(roots=[(docs, parse_acl([]))], executor="local", max_tokens=200),
                 embedder=cached_minilm,
             )

@@ -20,6 +20,7 @@ from evals.judge import (
 from foundation.settings import SettingsError
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.servers import run_in_thread
+from serve_app.wiring import judge_config
 from tests.evals.eval_helpers import settings
 
 
@@ -229,7 +230,7 @@ def test_same_family_warning() -> None:
 
 def test_judge_config_from_settings(tmp_path: Path) -> None:
     local = settings(tmp_path, llm_base_url="http://127.0.0.1:8000/llm/v1")
-    config = JudgeConfig.from_settings(local)
+    config = judge_config(local)
     assert (config.model, config.base_url) == (local.judge_model, local.llm_base_url)
     remote = settings(
         tmp_path,
@@ -238,11 +239,11 @@ def test_judge_config_from_settings(tmp_path: Path) -> None:
         judge_model="openai/gpt-4o-mini",
         llm_api_key="sk-test",
     )
-    config = JudgeConfig.from_settings(remote)
+    config = judge_config(remote)
     assert (config.model, config.base_url, config.api_key) == (
         "openai/gpt-4o-mini",
         "http://127.0.0.1:9/v1",
         "sk-test",
     )
     with pytest.raises(SettingsError, match="OPENROUTER_API_KEY is not set"):
-        JudgeConfig.from_settings(settings(tmp_path, llm_base_url="https://openrouter.ai/api/v1"))
+        judge_config(settings(tmp_path, llm_base_url="https://openrouter.ai/api/v1"))

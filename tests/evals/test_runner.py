@@ -15,6 +15,7 @@ from evals.dataset import Dataset, load_dataset
 from evals.runner import EvalConfigError, EvalRun, Status, exit_code, run_eval
 from local_world.scripted_llm import ScriptedLLM, create_llm_app
 from local_world.servers import run_in_thread
+from serve_app.wiring import eval_config
 from tests.evals.eval_helpers import (
     FakeService,
     answer,
@@ -87,7 +88,7 @@ async def run(dataset: Dataset, url: str, tmp_path: Path, **kwargs: object) -> E
     return await run_eval(
         dataset,
         url,
-        settings(tmp_path),
+        eval_config(settings(tmp_path)),
         progress=False,
         console=quiet(),
         **kwargs,  # type: ignore[arg-type]
@@ -264,7 +265,9 @@ async def test_with_a_scripted_judge(tmp_path: Path, url: str, service: FakeServ
 
 async def test_missing_secret_is_a_config_error(dataset: Dataset, url: str, tmp_path: Path) -> None:
     with pytest.raises(EvalConfigError, match="EVAL_JWT_SECRET is not set"):
-        await run_eval(dataset, url, settings(tmp_path, eval_jwt_secret=None), progress=False)
+        await run_eval(
+            dataset, url, eval_config(settings(tmp_path, eval_jwt_secret=None)), progress=False
+        )
 
 
 async def test_an_unreachable_service_is_a_config_error(dataset: Dataset, tmp_path: Path) -> None:
@@ -283,7 +286,7 @@ async def test_a_service_not_ready_is_a_config_error(
 
 
 async def test_a_refused_token_stops_the_run(dataset: Dataset, url: str, tmp_path: Path) -> None:
-    wrong = settings(tmp_path, eval_jwt_secret="another-secret-0123456789abcdef012345")
+    wrong = eval_config(settings(tmp_path, eval_jwt_secret="another-secret-0123456789abcdef012345"))
     with pytest.raises(EvalConfigError, match=r"refused the eval token .*signature does not"):
         await run_eval(dataset, url, wrong, progress=False, console=quiet())
 
@@ -360,7 +363,7 @@ async def mocked(
     return await run_eval(
         dataset,
         "http://eval.invalid",
-        settings(tmp_path),
+        eval_config(settings(tmp_path)),
         progress=False,
         console=kwargs.pop("console", quiet()),  # type: ignore[arg-type]
         transport=mock_transport(service),
@@ -437,7 +440,7 @@ async def test_an_xfail_never_hides_a_timeout_or_transport_error(tmp_path: Path)
     result = await run_eval(
         dataset,
         "http://eval.invalid",
-        settings(tmp_path),
+        eval_config(settings(tmp_path)),
         progress=False,
         console=quiet(),
         transport=httpx.MockTransport(handle),

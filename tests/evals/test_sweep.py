@@ -11,6 +11,7 @@ from evals.assertions import AssertionResult
 from evals.dataset import load_dataset
 from evals.runner import EvalRun, RowResult, Status
 from evals.sweep import comparison_markdown, plot_pass_rate_vs_cost, run_sweep
+from serve_app.wiring import eval_config
 from tests.evals.eval_helpers import FakeService, answer, fake_service, settings, write_dataset
 
 START = datetime(2025, 3, 4, tzinfo=UTC)
@@ -71,7 +72,9 @@ def test_a_sweep_runs_each_model_as_a_ray_task(tmp_path: Path) -> None:
         )
     )
     with fake_service(service) as url:
-        runs = run_sweep(dataset, url, settings(tmp_path), ["local/one", "local/two"], num_cpus=1)
+        runs = run_sweep(
+            dataset, url, eval_config(settings(tmp_path)), ["local/one", "local/two"], num_cpus=1
+        )
     assert [r.model for r in runs] == ["local/one", "local/two"]
     assert all(r.counts[Status.PASS] == 1 for r in runs)
     assert sorted(a["model"] for a in service.asked) == ["local/one", "local/two"]

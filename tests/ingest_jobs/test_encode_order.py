@@ -26,6 +26,7 @@ from retrieval import embedders
 from retrieval.embedders import Vectors
 from retrieval.search import embedding_input
 from retrieval.store import DocumentRecord, StoredDocument, WriteOutcome
+from serve_app.wiring import ingest_config
 
 
 class RecordingEmbedder:
@@ -77,7 +78,7 @@ async def test_documents_are_embedded_shortest_first_in_windows_of_several_batch
     settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
     options = IngestOptions(roots=[(root, [])], executor="local", batch_size=4, max_tokens=120)
 
-    report = await run_ingest(store, settings, options, embedder=embedder)  # type: ignore[arg-type]
+    report = await run_ingest(store, ingest_config(settings), options, embedder=embedder)  # type: ignore[arg-type]
 
     assert report.new == 60
     assert sorted(Path(source).name for source in store.written) == [
@@ -141,7 +142,7 @@ async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
     settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
     options = IngestOptions(roots=[(root, [])], executor="local", batch_size=2, max_tokens=40)
 
-    report = await run_ingest(store, settings, options, embedder=embedder)  # type: ignore[arg-type]
+    report = await run_ingest(store, ingest_config(settings), options, embedder=embedder)  # type: ignore[arg-type]
 
     assert report.new == 40 and len(embedder.calls) > 4  # many windows, two at a time
     assert len(embedder.threads) == 3  # the first window on the feed's thread, then 2 streams
@@ -165,7 +166,9 @@ async def test_windows_encoded_side_by_side_keep_each_row_with_its_own_vector(
 def test_when_a_run_drops_the_vector_index(
     setting: str, new: int, stored: int, deferred: bool, tmp_path: Path
 ) -> None:
-    settings = Settings(agent_service_home=tmp_path, ingest_defer_vector_index=setting)
+    settings = ingest_config(
+        Settings(agent_service_home=tmp_path, ingest_defer_vector_index=setting)
+    )
     assert defer_vector_index(settings, new, stored) is deferred
 
 
@@ -210,6 +213,6 @@ async def test_a_small_run_encodes_one_window_at_a_time(tmp_path: Path) -> None:
     settings = Settings(agent_service_home=tmp_path / "home", embedding_backend="openai")
     options = IngestOptions(roots=[(root, [])], executor="local", batch_size=2, max_tokens=40)
 
-    report = await run_ingest(RecordStore(), settings, options, embedder=embedder)  # type: ignore[arg-type]
+    report = await run_ingest(RecordStore(), ingest_config(settings), options, embedder=embedder)  # type: ignore[arg-type]
 
     assert report.new == 40 and len(embedder.calls) > 4 and len(embedder.threads) == 1

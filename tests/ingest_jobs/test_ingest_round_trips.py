@@ -13,6 +13,7 @@ from foundation.settings import Settings
 from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
 from retrieval.embedders import SentenceTransformerEmbedder
 from retrieval.store import PgDocumentStore
+from serve_app.wiring import ingest_config
 from tests.ingest_jobs.corpus import PAGES, write_corpus
 from tests.pg_wire import (
     FIND_VECTOR_INDEX,
@@ -38,7 +39,7 @@ async def _ingest(
 ) -> IngestReport:
     settings = Settings(agent_service_home=root.parent / "home")
     options = IngestOptions(roots=[(root, [])], executor="local", max_tokens=120)
-    return await run_ingest(store, settings, options, embedder=embedder)
+    return await run_ingest(store, ingest_config(settings), options, embedder=embedder)
 
 
 async def test_each_batch_of_documents_costs_one_fixed_transaction_and_a_rerun_writes_nothing(

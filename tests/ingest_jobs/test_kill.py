@@ -23,6 +23,7 @@ import asyncpg
 import numpy as np
 import pytest
 
+from serve_app.wiring import ingest_config
 from tests.ingest_jobs.test_pipeline import assert_same_store, snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -740,11 +741,11 @@ async def test_a_file_with_a_nul_character_is_skipped_and_the_run_finishes(
     options = IngestOptions(roots=[(root, [])], executor="local")
     store = await PgDocumentStore.connect(db_url, embedding_dim=384, max_size=2)
     try:
-        first = await run_ingest(store, settings, options, embedder=embedder)
+        first = await run_ingest(store, ingest_config(settings), options, embedder=embedder)
         assert (first.new, first.skipped) == (2, 4), first.as_dict()
         assert all("NUL" in reason for reason in first.skip_reasons), first.skip_reasons
         assert sorted(Path(s).name for s in await store.documents()) == ["a-good.md", "f-good.md"]
-        again = await run_ingest(store, settings, options, embedder=embedder)
+        again = await run_ingest(store, ingest_config(settings), options, embedder=embedder)
         assert (again.unchanged, again.skipped, again.new) == (2, 4, 0)
     finally:
         await store.close()

@@ -27,6 +27,7 @@ from retrieval.store import (
     WriteOutcome,
 )
 from serve_app.cli.db import db_up
+from serve_app.wiring import ingest_config
 from tests.ingest_jobs.corpus import PAGES, HashedEmbedder, write_corpus
 
 pytestmark = pytest.mark.integration
@@ -51,7 +52,7 @@ async def _ingest(
     options = IngestOptions(
         roots=[(root, [])], prune=prune, executor="local", max_tokens=120, batch_size=batch_size
     )
-    return await run_ingest(store, settings, options, embedder=embedder)
+    return await run_ingest(store, ingest_config(settings), options, embedder=embedder)
 
 
 async def snapshot(url: str) -> dict[str, Any]:
@@ -127,9 +128,11 @@ async def test_detail_hears_what_was_found_then_each_chunk_embedded_and_written(
     store = await _store(db_url)
     try:
         report = await run_ingest(
-            store, settings, options, embedder=HashedEmbedder(), detail=heard.append
+            store, ingest_config(settings), options, embedder=HashedEmbedder(), detail=heard.append
         )
-        await run_ingest(store, settings, options, embedder=HashedEmbedder(), detail=again.append)
+        await run_ingest(
+            store, ingest_config(settings), options, embedder=HashedEmbedder(), detail=again.append
+        )
     finally:
         await store.close()
     n, chunks = len(PAGES), report.chunks_written
@@ -330,7 +333,7 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
     try:
         failing: Any = FailingEmbedder(minilm, fail_on=2)
         with pytest.raises(IngestFailed) as caught:
-            await run_ingest(store, settings, options, embedder=failing)
+            await run_ingest(store, ingest_config(settings), options, embedder=failing)
         failed = caught.value
         docs, _ = await store.counts()
         written = failed.report.new
@@ -343,7 +346,7 @@ async def test_a_failing_pipeline_names_the_cause_and_the_counts_and_a_rerun_fin
             f"{written} document(s) written whole, {len(PAGES) - written} not ingested" in message
         )
         assert failed.not_ingested[0] in message and "(local)" in message
-        report = await run_ingest(store, settings, options, embedder=minilm)
+        report = await run_ingest(store, ingest_config(settings), options, embedder=minilm)
         assert (report.new, report.unchanged) == (len(PAGES) - written, written)
     finally:
         await store.close()
@@ -376,16 +379,20 @@ async def test_a_page_edited_mid_run_is_not_stored_under_its_old_hash(
     try:
         with pytest.raises(IngestFailed) as caught:
             await run_ingest(
-                store, settings, options, embedder=minilm, progress=_edits_once(edited)
+                store,
+                ingest_config(settings),
+                options,
+                embedder=minilm,
+                progress=_edits_once(edited),
             )
         assert f"SourceChanged: {edited.as_posix()} changed while it was being ingested" in str(
             caught.value
         )
         assert edited.as_posix() in caught.value.not_ingested
-        report = await run_ingest(store, settings, options, embedder=minilm)
+        report = await run_ingest(store, ingest_config(settings), options, embedder=minilm)
         assert report.new == len(caught.value.not_ingested)
         assert (await store.counts())[0] == len(PAGES)
-        again = await run_ingest(store, settings, options, embedder=minilm)
+        again = await run_ingest(store, ingest_config(settings), options, embedder=minilm)
         assert (again.new, again.unchanged) == (0, len(PAGES))  # stored under its new hash
     finally:
         await store.close()

@@ -17,6 +17,7 @@ from ingest_jobs import pipeline, ray_executor
 from ingest_jobs.pipeline import IngestOptions
 from ingest_jobs.ray_executor import RayPipelineLost, RayWork, start_ray_child
 from ingest_jobs.sources import SourceFile
+from serve_app.wiring import ingest_config
 
 # Paths and hashes of a large corpus pickle to megabytes: far more than a pipe's buffer, so
 # a parent that wrote them where no one reads would block for ever.
@@ -125,7 +126,7 @@ def test_the_ray_child_starts_ahead_only_when_ray_is_sure_to_run(
     options = IngestOptions(roots=[(tmp_path, [])], executor=executor)
     sources = [SourceFile(tmp_path / f"p{n}.md", f"p{n}.md", ()) for n in range(files)]
 
-    with pipeline._ray_child_ahead(options, Settings(), None, sources) as child:
+    with pipeline._ray_child_ahead(options, ingest_config(Settings()), None, sources) as child:
         assert (child is not None) == ahead
 
     assert len(started) == int(ahead)

@@ -22,6 +22,7 @@ from ingest_jobs import pipeline, ray_executor
 from ingest_jobs.sources import PreparedSource, chunk_id, chunk_rows
 from ingest_jobs.token_counts import token_counter
 from retrieval.search import embedding_input
+from serve_app.wiring import ingest_config
 from tests.ingest_jobs.test_pipeline import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def test_ray_starts_on_the_calling_thread_not_the_row_feeds(monkeypatch: Any) ->
 
     monkeypatch.setattr(ray_executor, "start_ray", fake_start)
     with pytest.raises(Stop):  # raised by the call itself: nothing deferred to iteration
-        ray_executor.iter_ray(ray_executor.RayWork([], 1, 200, 1), Settings(), None)
+        ray_executor.iter_ray(ray_executor.RayWork([], 1, 200, 1), ingest_config(Settings()), None)
     assert started_on == [threading.current_thread()]
 
 
@@ -101,13 +102,13 @@ def test_a_block_is_one_actor_call_of_at_most_about_512_chunks(
 def test_auto_runs_small_corpora_in_process_and_joins_a_running_cluster(
     monkeypatch: Any,
 ) -> None:
-    settings = Settings(ingest_ray_min_chunks=1000)
+    settings = ingest_config(Settings(ingest_ray_min_chunks=1000))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert pipeline.choose_executor("auto", 999, settings) == "local"
     assert pipeline.choose_executor("auto", 1000, settings) == "ray"
     assert pipeline.choose_executor("local", 10**6, settings) == "local"  # forced stays forced
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    settings = Settings(ingest_ray_min_chunks=1000)  # RAY_ADDRESS is read as settings load
+    settings = ingest_config(Settings(ingest_ray_min_chunks=1000))  # RAY_ADDRESS: read at load
     assert pipeline.choose_executor("auto", 1, settings) == "ray"  # no cluster start to pay
     assert pipeline.choose_executor("local", 1, settings) == "local"
 

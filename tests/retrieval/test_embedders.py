@@ -19,6 +19,7 @@ from retrieval.embedders import (
     native_bfloat16,
     stream_count,
 )
+from serve_app.wiring import embedder_config
 
 TEXTS = [
     "alert cooldown",
@@ -63,10 +64,10 @@ def test_bfloat16_keeps_the_ranking(
 
 def test_auto_follows_the_cpu(settings_factory: object) -> None:
     settings = settings_factory(embedding_dtype="auto")  # type: ignore[operator]
-    embedder = build_embedder(settings)
+    embedder = build_embedder(embedder_config(settings))
     assert isinstance(embedder, SentenceTransformerEmbedder)
     assert embedder.dtype == ("bfloat16" if native_bfloat16() else "float32")
-    forced = build_embedder(settings_factory(embedding_dtype="float32"))  # type: ignore[operator]
+    forced = build_embedder(embedder_config(settings_factory(embedding_dtype="float32")))  # type: ignore[operator]
     assert isinstance(forced, SentenceTransformerEmbedder) and forced.dtype == "float32"
 
 

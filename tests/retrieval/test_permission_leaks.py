@@ -69,6 +69,7 @@ from ingest_jobs.pipeline import IngestOptions, IngestReport, run_ingest
 from retrieval.rerankers import NoopReranker
 from retrieval.search import HybridRetriever, RetrievalConfig, embedding_input
 from retrieval.store import ACL_PREDICATE, HYBRID_SQL_BY_RANKING, PgDocumentStore
+from serve_app.wiring import ingest_config
 from tests.ingest_jobs.corpus import HashedEmbedder
 from tests.serve_app.api.api_helpers import parse_sse_text
 
@@ -398,7 +399,9 @@ class Harness:
         self, root: Path, defaults: dict[str, list[str]] = FOLDER_DEFAULTS
     ) -> IngestReport:
         options = IngestOptions(roots=self.roots(root, defaults), executor="local", max_tokens=120)
-        return await run_ingest(self.store, self.settings, options, embedder=self.embedder)
+        return await run_ingest(
+            self.store, ingest_config(self.settings), options, embedder=self.embedder
+        )
 
     async def load(self, docs: Sequence[Doc]) -> Corpus:
         self.examples += 1

@@ -20,6 +20,7 @@ from conversations.store import PgConversationStore
 from foundation.settings import Settings
 from serve_app.backend import ConversationsUnavailable
 from serve_app.threads import LazyConversationStore
+from serve_app.wiring import conversations_config
 
 CUT = asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress")
 
@@ -50,7 +51,7 @@ async def test_a_transaction_cut_by_a_server_shutdown_is_a_503(
         agent_service_home=tmp_path,
         database_url="postgresql://nobody@127.0.0.1:1/none",
     )
-    store = LazyConversationStore(settings)
+    store = LazyConversationStore(settings, conversations_config(settings))
     with pytest.raises(ConversationsUnavailable) as info:
         if method == "read":
             await store.read("nina", uuid.uuid4())

@@ -42,6 +42,7 @@ from serve_app.threads import (
     open_thread,
     turn_record,
 )
+from serve_app.wiring import conversations_config
 
 NINA = AuthUser("nina", ("business_staff",), ("northwind",))
 EVE = AuthUser("eve", ("business_staff",), ("northwind",))
@@ -226,7 +227,7 @@ async def test_the_lazy_store_turns_an_unreachable_database_into_a_503(tmp_path:
         agent_service_home=tmp_path,
         database_url="postgresql://nobody@127.0.0.1:1/none",
     )
-    store = LazyConversationStore(settings)
+    store = LazyConversationStore(settings, conversations_config(settings))
     with pytest.raises(ConversationsUnavailable) as info:
         await store.recent("nina", limit=5)
     assert info.value.status == 503 and info.value.code == "conversations_unavailable"

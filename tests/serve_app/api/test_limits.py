@@ -32,6 +32,7 @@ from serve_app.api.errors import LimitErrorEnvelope
 from serve_app.authz import CedarAuthorizer
 from serve_app.limits import build_request_limits
 from serve_app.metrics import InMemoryMetrics
+from serve_app.wiring import limit_policy
 from usage_limits.memory import InMemoryUsageStore
 
 NOW = datetime(2026, 12, 4, 14, 0, 15, tzinfo=UTC)  # 45 s left in the minute
@@ -51,7 +52,11 @@ class Setup:
         self.metrics = InMemoryMetrics()
         self.backend = backend or FakeBackend()
         self.limits = build_request_limits(
-            self.settings, store=self.store, metrics=self.metrics, clock=lambda: NOW
+            self.settings,
+            limit_policy(self.settings),
+            store=self.store,
+            metrics=self.metrics,
+            clock=lambda: NOW,
         )
         self.backend.limits = self.limits  # the app takes them from its backend
         app = create_app(self.backend, self.settings, authorizer)
@@ -220,7 +225,7 @@ async def test_a_store_that_is_down_fails_closed_by_default_and_open_when_set(
 
 async def test_off_by_default_no_headers_no_store() -> None:
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    limits = build_request_limits(settings)
+    limits = build_request_limits(settings, limit_policy(settings))
     assert not limits.enabled and limits.store is None
 
 

@@ -27,6 +27,7 @@ from agent.testing import FunctionModel, text_reply
 from foundation.settings import Settings
 from serve_app.limits import build_request_limits
 from serve_app.local_backend import LocalBackend
+from serve_app.wiring import limit_policy
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ def replica(
 
     def start(s: Settings, llm: Any = None) -> str:
         model = llm or FunctionModel(lambda request: text_reply("ok"), model="local/fast")
-        limits = build_request_limits(s, clock=lambda: NOW)
+        limits = build_request_limits(s, limit_policy(s), clock=lambda: NOW)
         return serve_local(s, make_backend(s, llm=model, limits=limits))
 
     return start
