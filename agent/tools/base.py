@@ -1,9 +1,11 @@
 """The ``Tool`` port: one class per tool, its pydantic args model is the schema the model sees.
 
 Modelled on pydantic-ai / the OpenAI Agents SDK function tools: a tool is a name, a
-description, a typed argument model and an async ``run``. The registry validates the model's
-arguments against ``args_model`` before ``run`` is called, so ``run`` receives a typed,
-validated instance. A tool signals a failure the model can act on by raising ``ToolError``.
+description, a typed argument model, a typed result model and an async ``run``. The registry
+validates the model's arguments against ``args_model`` before ``run`` is called, so ``run``
+receives a typed, validated instance; ``run`` returns a ``result_model`` instance, whose JSON
+dump is what the model reads (``agent.tools.registry``). A tool signals a failure the model
+can act on by raising ``ToolError``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel
 
 from agent.access import DomainAuthorizer
 from agent.llm.base import ToolExample, ToolSpec
@@ -27,6 +29,7 @@ __all__ = [
     "ArgsT",
     "ChunkSink",
     "EntityRef",
+    "ResultT",
     "Retriever",
     "Tool",
     "ToolContext",
@@ -36,6 +39,7 @@ __all__ = [
 ]
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
+ResultT = TypeVar("ResultT", bound=BaseModel)
 
 
 class Retriever(Protocol):
@@ -142,9 +146,16 @@ def _compact_schema(schema: Any) -> Any:
     return schema
 
 
-class Tool(ABC, Generic[ArgsT]):
-    """Subclass as ``class GetRoom(Tool[GetRoomArgs])``: ``args_model`` is taken from the
-    type argument. Set ``name`` and ``description``; implement ``run``.
+class Tool(ABC, Generic[ArgsT, ResultT]):
+    """Subclass as ``class GetRoom(Tool[GetRoomArgs, GetRoomResult])``: ``args_model`` and
+    ``result_model`` are taken from the type arguments. Set ``name`` and ``description``;
+    implement ``run``.
+
+    ``run`` returns a ``result_model`` instance. The registry serialises it with
+    ``exclude_unset``: a field without a default is always in the JSON (null or not), a field
+    with a default only when ``run`` set it (passed it to the constructor, or assigned it), so
+    a key the model should not see when it has nothing to say stays out. Readers get the
+    typed result back from an outcome with ``agent.tools.registry.result_of``.
 
     What the system prompt says about the tool lives here too, so adding a tool needs no
     prompt edit: ``guidance`` (one line in the prompt's Tools section: when to use it),
@@ -154,6 +165,7 @@ class Tool(ABC, Generic[ArgsT]):
     name: ClassVar[str]
     description: ClassVar[str]
     args_model: type[ArgsT]
+    result_model: type[ResultT]
     timeout_seconds: ClassVar[float | None] = None  # None: the registry's default
     guidance: ClassVar[str | None] = None
     examples: ClassVar[tuple[ToolExample, ...]] = ()
@@ -161,13 +173,14 @@ class Tool(ABC, Generic[ArgsT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "args_model" in cls.__dict__:
-            return
         for base in getattr(cls, "__orig_bases__", ()):
-            if get_origin(base) is Tool:
-                (arg,) = get_args(base)
+            if get_origin(base) is not Tool:
+                continue
+            for attribute, arg in zip(("args_model", "result_model"), get_args(base), strict=False):
+                if attribute in cls.__dict__:
+                    continue
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
-                    setattr(cls, "args_model", arg)  # noqa: B010 (a class attribute)
+                    setattr(cls, attribute, arg)
 
     def parameters_schema(self) -> dict[str, Any]:
         schema: dict[str, Any] = _compact_schema(self.args_model.model_json_schema())
@@ -185,5 +198,5 @@ class Tool(ABC, Generic[ArgsT]):
         )
 
     @abstractmethod
-    async def run(self, args: ArgsT, ctx: ToolContext) -> JsonValue:
-        """Do the work as ``ctx.user``; return compact JSON-able data."""
+    async def run(self, args: ArgsT, ctx: ToolContext) -> ResultT:
+        """Do the work as ``ctx.user``; return the compact result the model will read."""

@@ -4,6 +4,9 @@
 cancellation): unknown tools, unparseable or invalid arguments, ``ToolError``, downstream HTTP
 failures and timeouts all become a ``ToolOutcome`` whose ``result_json`` is an
 ``{"error": ...}`` object the model reads as the tool result and can recover from.
+
+A tool's result model travels as its JSON only (``ToolOutcome`` crosses a process boundary
+when the tools run in their own deployment): ``result_of`` reads it back as that model.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from agent.llm.base import ToolCall, ToolSpec
-from agent.tools.base import ChunkSink, Tool, ToolContext, ToolError
+from agent.tools.base import ChunkSink, ResultT, Tool, ToolContext, ToolError
 from retrieval.search import SearchHit
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,25 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def result_text(result: BaseModel) -> str:
+    """What the model reads of a tool's result: its fields in declaration order, those with a
+    default only when the tool set them (``Tool``), compact. Dumped in python mode and then
+    through ``_json``, so every value is written exactly as ``json.dumps`` writes it."""
+    return _json(result.model_dump(mode="python", by_alias=True, exclude_unset=True))
+
+
+def result_of(outcome: ToolOutcome, tool: type[Tool[Any, ResultT]]) -> ResultT | None:
+    """The result of a successful call of ``tool``, as its result model; None when the
+    outcome is another tool's, a failure, or (never from this registry) does not parse."""
+    if not outcome.ok or outcome.name != tool.name:
+        return None
+    try:
+        return tool.result_model.model_validate_json(outcome.result_json)
+    except ValidationError:
+        log.warning("tool %s: its result does not parse as %s", tool.name, tool.result_model)
+        return None
+
+
 def validation_message(tool: str, exc: ValidationError) -> str:
     """A compact, model-readable summary of pydantic errors."""
     parts = []
@@ -77,24 +99,28 @@ def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
 class ToolRegistry:
     def __init__(
         self,
-        tools: Iterable[Tool[Any]] = (),
+        tools: Iterable[Tool[Any, Any]] = (),
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
-        self._tools: dict[str, Tool[Any]] = {}
+        self._tools: dict[str, Tool[Any, Any]] = {}
         self.timeout_seconds = timeout_seconds
         for tool in tools:
             self.register(tool)
 
-    def register(self, tool: Tool[Any]) -> Tool[Any]:
+    def register(self, tool: Tool[Any, Any]) -> Tool[Any, Any]:
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is already registered")
-        if not isinstance(getattr(tool, "args_model", None), type):
-            raise TypeError(f"tool {tool.name!r} has no args model (subclass Tool[ArgsModel])")
+        for model in ("args_model", "result_model"):
+            if not isinstance(getattr(tool, model, None), type):
+                raise TypeError(
+                    f"tool {tool.name!r} has no {model.replace('_', ' ')}"
+                    " (subclass Tool[ArgsModel, ResultModel])"
+                )
         self._tools[tool.name] = tool
         return tool
 
-    def get(self, name: str) -> Tool[Any] | None:
+    def get(self, name: str) -> Tool[Any, Any] | None:
         return self._tools.get(name)
 
     @property
@@ -124,20 +150,17 @@ class ToolRegistry:
         call_ctx = dataclasses.replace(ctx, seen_chunks=ChunkSink())
 
         def outcome(
-            result: object | None,
+            text: str | None,
             error: str | None,
             kind: str = "",
             exc: BaseException | None = None,
         ) -> tuple[ToolOutcome, Failure | None]:
-            if error is not None:
-                error = error[:MAX_ERROR_CHARS]
+            if text is not None and len(text) > MAX_RESULT_CHARS:
+                error = "the result is too large; ask for less (a narrower request)"
+                kind = "result_too_large"
+            if error is not None or text is None:  # text: the result, when there is one
+                error = (error or f"{call.name} failed")[:MAX_ERROR_CHARS]
                 text = _json({"error": error})
-            else:
-                text = _json(result)
-                if len(text) > MAX_RESULT_CHARS:
-                    error = "the result is too large; ask for less (a narrower request)"
-                    kind = "result_too_large"
-                    text = _json({"error": error})
             chunks = tuple(call_ctx.seen_chunks) if error is None else ()
             ctx.seen_chunks.add(chunks)
             done = ToolOutcome(
@@ -186,4 +209,7 @@ class ToolRegistry:
             return outcome(
                 None, f"{call.name} failed with an internal error", "internal_error", exc
             )
-        return outcome(result, None)
+        if not isinstance(result, tool.result_model):
+            log.error("tool %s returned %s, not a %s", call.name, type(result), tool.result_model)
+            return outcome(None, f"{call.name} failed with an internal error", "internal_error")
+        return outcome(result_text(result), None)

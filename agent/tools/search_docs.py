@@ -7,7 +7,7 @@ in the answer are validated against exactly that set.
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from pydantic import BaseModel, Field
 
 from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
 from agent.tools.twin import Args
@@ -23,7 +23,20 @@ class SearchDocsArgs(Args):
     )
 
 
-class SearchDocs(Tool[SearchDocsArgs]):
+class DocChunk(BaseModel):
+    chunk_id: str
+    source: str
+    section: str
+    text: str  # at most MAX_CHUNK_CHARS
+
+
+class SearchDocsResult(BaseModel):
+    results: list[DocChunk]
+    note: str | None = None  # when nothing matched
+    cite: str | None = None  # how to cite, when something did
+
+
+class SearchDocs(Tool[SearchDocsArgs, SearchDocsResult]):
     name = "search_docs"
     description = (
         "Search the CrowdVision documentation (how the platform works: features, settings, "
@@ -39,29 +52,29 @@ class SearchDocs(Tool[SearchDocsArgs]):
     )
     prompt_order = 80
 
-    async def run(self, args: SearchDocsArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: SearchDocsArgs, ctx: ToolContext) -> SearchDocsResult:
         if ctx.retriever is None:
             raise ToolError("documentation search is unavailable right now")
         hits = await ctx.retriever.search(
             args.query.strip(), acl=ctx.user.acl_entries, top_k=ctx.top_k
         )
         ctx.seen_chunks.add(hits)
-        results: list[JsonValue] = [
-            {
-                "chunk_id": hit.chunk_id,
-                "source": hit.source,
-                "section": hit.section,
-                "text": hit.text[:MAX_CHUNK_CHARS],
-            }
+        results = [
+            DocChunk(
+                chunk_id=hit.chunk_id,
+                source=hit.source,
+                section=hit.section,
+                text=hit.text[:MAX_CHUNK_CHARS],
+            )
             for hit in hits
         ]
         if not results:
-            return {
-                "results": [],
-                "note": "No documentation matched. Try other keywords, or say you don't know.",
-            }
-        return {
-            "results": results,
-            "cite": "Mark each claim taken from a result with its marker, e.g. "
+            return SearchDocsResult(
+                results=[],
+                note="No documentation matched. Try other keywords, or say you don't know.",
+            )
+        return SearchDocsResult(
+            results=results,
+            cite="Mark each claim taken from a result with its marker, e.g. "
             f"[^{hits[0].chunk_id}]. Cite only chunk_ids listed here.",
-        }
+        )

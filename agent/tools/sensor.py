@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.json_schema import SkipJsonSchema
 
 from agent.tools.base import Tool, ToolContext, ToolError, ToolExample
@@ -54,6 +54,92 @@ def _instant(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# --- what the model reads: the tools' result models (fields in the order the model sees them;
+# a field with a default is shown only when the tool sets it, see ``Tool``) ------------------
+
+
+class SensorEntry(BaseModel):
+    sensor_id: str | None
+    sensor_type: str | None
+    room_id: str | None
+    room_name: str | None
+
+
+class ListSensorsResult(BaseModel):
+    building_id: str
+    building_name: str | None
+    sensors: list[SensorEntry]
+    count: int  # all the devices (``sensors`` holds at most MAX_SENSORS)
+    room_id: str | None = None  # set when the inventory is of one room
+    room_name: str | None = None  # set (null or not) with room_id
+    truncated: bool | None = None
+    note: str | None = None  # when there are no sensors
+
+
+class SensorReading(BaseModel):
+    """A sensor's latest reading: ``value``, ``unit`` and ``timestamp`` are set when the
+    sensor-service answered for this sensor; otherwise ``status`` says why there is none."""
+
+    sensor_id: str
+    sensor_type: str
+    value: bool | int | float | dict[str, JsonValue] | None = None
+    unit: str | None = None
+    timestamp: str | None = None
+    status: str
+    error: str | None = None
+    note: str | None = None  # what a status other than ok means
+
+
+class GetLatestSensorDataResult(BaseModel):
+    room_id: str
+    room_name: str | None
+    readings: list[SensorReading]
+    note: str | None = None  # when no sensor (of the type) is installed
+
+
+class HistoryBucket(BaseModel):
+    t: str
+    avg: float
+    min: float | None = None  # set when the bucket holds more than one point
+    max: float | None = None
+
+
+class HistorySummary(BaseModel):
+    count: int
+    mean: float
+    min: float
+    min_at: str
+    max: float
+    max_at: str
+    first: float
+    last: float
+    last_at: str
+
+
+class SensorSeries(BaseModel):
+    """One sensor's history: ``unit`` and ``points`` (and ``summary`` when there are any), or
+    ``note`` or ``error`` saying why there are none."""
+
+    sensor_id: str
+    unit: str | None = None
+    points: list[HistoryBucket] | None = None
+    summary: HistorySummary | None = None
+    note: str | None = None
+    error: str | None = None
+
+
+class GetSensorHistoryResult(BaseModel):
+    model_config = ConfigDict(validate_by_name=True)  # from_= in code, "from" in JSON
+
+    room_id: str
+    room_name: str | None
+    sensor_type: str
+    from_: str = Field(validation_alias="from", serialization_alias="from")
+    to: str
+    series: list[SensorSeries]
+    note: str | None = None  # when no sensor of the type is installed
+
+
 async def registry_devices(
     ctx: ToolContext,
     building_id: str,
@@ -87,7 +173,7 @@ class ListSensorsArgs(Args):
     )
 
 
-class ListSensors(Tool[ListSensorsArgs]):
+class ListSensors(Tool[ListSensorsArgs, ListSensorsResult]):
     name = "list_sensors"
     description = (
         "The device inventory: which sensors (sensor_id, sensor_type) are installed in a "
@@ -107,35 +193,35 @@ class ListSensors(Tool[ListSensorsArgs]):
     )
     prompt_order = 50
 
-    async def run(self, args: ListSensorsArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: ListSensorsArgs, ctx: ToolContext) -> ListSensorsResult:
         building = await accessible_building(ctx, args.building_id)
         rooms = {str(r["roomId"]): r for r in await building_rooms(ctx, args.building_id)}
         if args.room_id is not None and args.room_id not in rooms:
             raise ToolError(ROOM_NOT_FOUND)
         devices = await registry_devices(ctx, args.building_id, set(rooms), args.room_id)
-        sensors: list[JsonValue] = [
-            {
-                "sensor_id": _str(d, "sensorId"),
-                "sensor_type": _str(d, "sensorType"),
-                "room_id": _str(d, "roomId"),
-                "room_name": _str(rooms[str(d["roomId"])], "name"),
-            }
+        sensors = [
+            SensorEntry(
+                sensor_id=_str(d, "sensorId"),
+                sensor_type=_str(d, "sensorType"),
+                room_id=_str(d, "roomId"),
+                room_name=_str(rooms[str(d["roomId"])], "name"),
+            )
             for d in devices[:MAX_SENSORS]
         ]
-        result: dict[str, JsonValue] = {
-            "building_id": args.building_id,
-            "building_name": _str(building, "name"),
-            "sensors": sensors,
-            "count": len(devices),
-        }
+        result = ListSensorsResult(
+            building_id=args.building_id,
+            building_name=_str(building, "name"),
+            sensors=sensors,
+            count=len(devices),
+        )
         if args.room_id is not None:
-            result["room_id"] = args.room_id
-            result["room_name"] = _str(rooms[args.room_id], "name")
+            result.room_id = args.room_id
+            result.room_name = _str(rooms[args.room_id], "name")
         if len(devices) > MAX_SENSORS:
-            result["truncated"] = True
+            result.truncated = True
         if not devices:
             where = "this room" if args.room_id is not None else "this building"
-            result["note"] = f"No sensors are installed in {where}."
+            result.note = f"No sensors are installed in {where}."
         return result
 
 
@@ -173,7 +259,7 @@ _STATUS_NOTES = {
 }
 
 
-class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
+class GetLatestSensorData(Tool[GetLatestSensorDataArgs, GetLatestSensorDataResult]):
     name = "get_latest_sensor_data"
     description = (
         "The most recent reading of each sensor in a room (value, unit, time, status), "
@@ -188,13 +274,18 @@ class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
     )
     prompt_order = 60
 
-    async def run(self, args: GetLatestSensorDataArgs, ctx: ToolContext) -> JsonValue:
+    async def run(
+        self, args: GetLatestSensorDataArgs, ctx: ToolContext
+    ) -> GetLatestSensorDataResult:
         room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)
-        result: dict[str, JsonValue] = {"room_id": args.room_id, "room_name": _str(room, "name")}
+        room_name = _str(room, "name")
         if not devices:
-            result["readings"] = []
-            result["note"] = _no_sensor_note(args.sensor_type)
-            return result
+            return GetLatestSensorDataResult(
+                room_id=args.room_id,
+                room_name=room_name,
+                readings=[],
+                note=_no_sensor_note(args.sensor_type),
+            )
         devices = devices[:MAX_LATEST]
         fetched = await asyncio.gather(
             *(
@@ -203,18 +294,21 @@ class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
             ),
             return_exceptions=True,
         )
-        readings: list[JsonValue] = []
+        readings: list[SensorReading] = []
         for device, data in zip(devices, fetched, strict=True):
             sensor_id = str(device["sensorId"])
-            entry: dict[str, JsonValue] = {
-                "sensor_id": sensor_id,
-                "sensor_type": str(device["sensorType"]),
-            }
+            sensor_type = str(device["sensorType"])
             if isinstance(data, NotFoundError):
-                entry["status"] = "no_reading"
+                entry = SensorReading(
+                    sensor_id=sensor_id, sensor_type=sensor_type, status="no_reading"
+                )
             elif isinstance(data, ToolError):
-                entry["status"] = "unavailable"
-                entry["error"] = str(data)
+                entry = SensorReading(
+                    sensor_id=sensor_id,
+                    sensor_type=sensor_type,
+                    status="unavailable",
+                    error=str(data),
+                )
             elif isinstance(data, BaseException):
                 raise data
             elif (
@@ -223,20 +317,25 @@ class GetLatestSensorData(Tool[GetLatestSensorDataArgs]):
                 and _str(data, "roomId") == args.room_id
             ):
                 value = data.get("value")
-                entry.update(
+                entry = SensorReading(
+                    sensor_id=sensor_id,
+                    sensor_type=sensor_type,
                     value=value if isinstance(value, int | float | dict) else None,
                     unit=_str(data, "unit"),
                     timestamp=_str(data, "timestamp"),
                     status=_str(data, "status") or ("stale" if data.get("stale") is True else "ok"),
                 )
             else:
-                entry["status"] = "unavailable"
-            note = _STATUS_NOTES.get(str(entry["status"]))
+                entry = SensorReading(
+                    sensor_id=sensor_id, sensor_type=sensor_type, status="unavailable"
+                )
+            note = _STATUS_NOTES.get(entry.status)
             if note is not None:
-                entry["note"] = note
+                entry.note = note
             readings.append(entry)
-        result["readings"] = readings
-        return result
+        return GetLatestSensorDataResult(
+            room_id=args.room_id, room_name=room_name, readings=readings
+        )
 
 
 class GetSensorHistoryArgs(Args):
@@ -260,44 +359,43 @@ def _points(data: Mapping[str, Any]) -> list[tuple[str, float]]:
     return sorted(out)
 
 
-def downsample(points: list[tuple[str, float]], max_points: int = MAX_POINTS) -> list[JsonValue]:
+def downsample(
+    points: list[tuple[str, float]], max_points: int = MAX_POINTS
+) -> list[HistoryBucket]:
     """At most ``max_points`` buckets of consecutive points: start time, mean, min, max."""
     if not points:
         return []
     size = math.ceil(len(points) / max_points)
-    buckets: list[JsonValue] = []
+    buckets: list[HistoryBucket] = []
     for start in range(0, len(points), size):
         chunk = points[start : start + size]
         values = [v for _, v in chunk]
-        bucket: dict[str, JsonValue] = {
-            "t": chunk[0][0],
-            "avg": round(sum(values) / len(values), 2),
-        }
+        bucket = HistoryBucket(t=chunk[0][0], avg=round(sum(values) / len(values), 2))
         if len(chunk) > 1:
-            bucket["min"] = round(min(values), 2)
-            bucket["max"] = round(max(values), 2)
+            bucket.min = round(min(values), 2)
+            bucket.max = round(max(values), 2)
         buckets.append(bucket)
     return buckets
 
 
-def _summary(points: list[tuple[str, float]]) -> dict[str, JsonValue]:
+def _summary(points: list[tuple[str, float]]) -> HistorySummary:
     values = [v for _, v in points]
     peak = max(points, key=lambda p: p[1])
     low = min(points, key=lambda p: p[1])
-    return {
-        "count": len(values),
-        "mean": round(sum(values) / len(values), 2),
-        "min": low[1],
-        "min_at": low[0],
-        "max": peak[1],
-        "max_at": peak[0],
-        "first": values[0],
-        "last": values[-1],
-        "last_at": points[-1][0],
-    }
+    return HistorySummary(
+        count=len(values),
+        mean=round(sum(values) / len(values), 2),
+        min=low[1],
+        min_at=low[0],
+        max=peak[1],
+        max_at=peak[0],
+        first=values[0],
+        last=values[-1],
+        last_at=points[-1][0],
+    )
 
 
-class GetSensorHistory(Tool[GetSensorHistoryArgs]):
+class GetSensorHistory(Tool[GetSensorHistoryArgs, GetSensorHistoryResult]):
     name = "get_sensor_history"
     description = (
         "Readings of one sensor type in a room over the last `hours` (1-168, default 24), "
@@ -313,22 +411,22 @@ class GetSensorHistory(Tool[GetSensorHistoryArgs]):
     )
     prompt_order = 70
 
-    async def run(self, args: GetSensorHistoryArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: GetSensorHistoryArgs, ctx: ToolContext) -> GetSensorHistoryResult:
         room, devices = await room_sensors(ctx, args.room_id, args.sensor_type)
         end = ctx.clock().replace(second=0, microsecond=0)
         start = end - timedelta(hours=args.hours)
         window = (end - start).total_seconds()
         interval = next((s for s in INTERVALS if window / s <= MAX_RAW_POINTS), INTERVALS[-1])
-        result: dict[str, JsonValue] = {
-            "room_id": args.room_id,
-            "room_name": _str(room, "name"),
-            "sensor_type": args.sensor_type,
-            "from": _instant(start),
-            "to": _instant(end),
-        }
+        result = GetSensorHistoryResult(
+            room_id=args.room_id,
+            room_name=_str(room, "name"),
+            sensor_type=args.sensor_type,
+            from_=_instant(start),
+            to=_instant(end),
+            series=[],
+        )
         if not devices:
-            result["series"] = []
-            result["note"] = _no_sensor_note(args.sensor_type)
+            result.note = _no_sensor_note(args.sensor_type)
             return result
         params = {
             "from": _instant(start),
@@ -345,31 +443,28 @@ class GetSensorHistory(Tool[GetSensorHistoryArgs]):
             ),
             return_exceptions=True,
         )
-        series: list[JsonValue] = []
         for device, data in zip(devices, fetched, strict=True):
-            sensor_id = str(device["sensorId"])
-            entry: dict[str, JsonValue] = {"sensor_id": sensor_id}
+            entry = SensorSeries(sensor_id=str(device["sensorId"]))
             if isinstance(data, NotFoundError):
-                entry.update(points=[], note="no readings recorded")
+                entry.points, entry.note = [], "no readings recorded"
             elif isinstance(data, BaseException):
                 if len(devices) == 1 or not isinstance(data, ToolError):
                     raise data
-                entry["error"] = str(data)
-            elif not isinstance(data, Mapping) or _str(data, "sensorId") != sensor_id:
-                entry["error"] = "sensor-service returned another sensor's data"
+                entry.error = str(data)
+            elif not isinstance(data, Mapping) or _str(data, "sensorId") != entry.sensor_id:
+                entry.error = "sensor-service returned another sensor's data"
             else:
                 points = _points(data)
-                entry["unit"] = _str(data, "unit")
-                entry["points"] = downsample(points)
+                entry.unit = _str(data, "unit")
+                entry.points = downsample(points)
                 if points:
-                    entry["summary"] = _summary(points)
+                    entry.summary = _summary(points)
                 else:
                     offline = _str(data, "status") == "offline"
-                    entry["note"] = (
+                    entry.note = (
                         "the sensor is offline: no readings in this window"
                         if offline
                         else "no readings in this window"
                     )
-            series.append(entry)
-        result["series"] = series
+            result.series.append(entry)
         return result

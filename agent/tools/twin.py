@@ -53,6 +53,69 @@ class Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# --- what the model reads: the tools' result models (fields in the order the model sees them;
+# a field with a default is shown only when the tool sets it, see ``Tool``) ------------------
+
+Count = int | float  # a number as twin-service sent it (an int stays an int)
+
+
+class BuildingView(BaseModel):
+    building_id: str | None
+    name: str | None
+    domain: str | None
+    address: str | None
+    floors: Count | None
+    room_count: Count | None
+    capacity: Count | None
+
+
+class RoomView(BaseModel):
+    room_id: str | None
+    name: str | None
+    floor: Count | None
+    capacity: Count | None
+    type: str | None
+
+
+class BuildingRef(BaseModel):
+    building_id: str | None
+    name: str | None
+
+
+class ListBuildingsResult(BaseModel):
+    buildings: list[BuildingView]
+    count: int  # all that matched (``buildings`` holds at most MAX_BUILDINGS)
+    truncated: bool | None = None
+    note: str | None = None  # when none matched
+
+
+class GetBuildingResult(BaseModel):
+    building: BuildingView
+    rooms: list[RoomView]
+
+
+class GetRoomResult(BaseModel):
+    room: RoomView
+    building: BuildingRef
+
+
+class RoomOccupancy(BaseModel):
+    """One room's reading, or (only ``room_id`` and ``error``) why there is none."""
+
+    room_id: str
+    building_id: str | None = None
+    occupancy: Count | None = None
+    capacity: Count | None = None
+    utilisation: Count | None = None
+    timestamp: str | None = None
+    note: str | None = None  # when occupancy is null
+    error: str | None = None
+
+
+class GetRoomOccupancyResult(BaseModel):
+    rooms: list[RoomOccupancy]
+
+
 # --- untrusted downstream data -> compact, checked records ------------------------------------
 
 
@@ -77,26 +140,26 @@ def _num(record: Mapping[str, Any], key: str) -> int | float | None:
     return value
 
 
-def building_view(record: Mapping[str, Any]) -> dict[str, JsonValue]:
-    return {
-        "building_id": _str(record, "buildingId"),
-        "name": _str(record, "name"),
-        "domain": _str(record, "domain"),
-        "address": _str(record, "address"),
-        "floors": _num(record, "floors"),
-        "room_count": _num(record, "roomCount"),
-        "capacity": _num(record, "capacity"),
-    }
+def building_view(record: Mapping[str, Any]) -> BuildingView:
+    return BuildingView(
+        building_id=_str(record, "buildingId"),
+        name=_str(record, "name"),
+        domain=_str(record, "domain"),
+        address=_str(record, "address"),
+        floors=_num(record, "floors"),
+        room_count=_num(record, "roomCount"),
+        capacity=_num(record, "capacity"),
+    )
 
 
-def room_view(record: Mapping[str, Any]) -> dict[str, JsonValue]:
-    return {
-        "room_id": _str(record, "roomId"),
-        "name": _str(record, "name"),
-        "floor": _num(record, "floor"),
-        "capacity": _num(record, "capacity"),
-        "type": _str(record, "type"),
-    }
+def room_view(record: Mapping[str, Any]) -> RoomView:
+    return RoomView(
+        room_id=_str(record, "roomId"),
+        name=_str(record, "name"),
+        floor=_num(record, "floor"),
+        capacity=_num(record, "capacity"),
+        type=_str(record, "type"),
+    )
 
 
 # --- shared lookups (also used by the sensor tools) --------------------------------------------
@@ -162,7 +225,7 @@ class ListBuildingsArgs(Args):
     )
 
 
-class ListBuildings(Tool[ListBuildingsArgs]):
+class ListBuildings(Tool[ListBuildingsArgs, ListBuildingsResult]):
     name = "list_buildings"
     description = (
         "List the buildings the user can see (ID, name, domain, address, floors, rooms, "
@@ -181,7 +244,7 @@ class ListBuildings(Tool[ListBuildingsArgs]):
     )
     prompt_order = 10
 
-    async def run(self, args: ListBuildingsArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: ListBuildingsArgs, ctx: ToolContext) -> ListBuildingsResult:
         data = await ctx.downstream.twin("/buildings", ctx.user)
         records = [b for b in items(data) if _str(b, "buildingId") and _str(b, "domain")]
         visible = accessible_domains(ctx.authorizer, ctx.user, {str(b["domain"]) for b in records})
@@ -191,18 +254,15 @@ class ListBuildings(Tool[ListBuildingsArgs]):
             buildings = [
                 b
                 for b in buildings
-                if needle in str(b["name"] or "").lower()
-                or needle in str(b["address"] or "").lower()
-                or needle == str(b["building_id"]).lower()
+                if needle in str(b.name or "").lower()
+                or needle in str(b.address or "").lower()
+                or needle == str(b.building_id).lower()
             ]
-        result: dict[str, JsonValue] = {
-            "buildings": list(buildings[:MAX_BUILDINGS]),
-            "count": len(buildings),
-        }
+        result = ListBuildingsResult(buildings=buildings[:MAX_BUILDINGS], count=len(buildings))
         if len(buildings) > MAX_BUILDINGS:
-            result["truncated"] = True
+            result.truncated = True
         if not buildings:
-            result["note"] = (
+            result.note = (
                 f"No accessible building matches {args.name!r}."
                 if args.name
                 else "The user cannot see any building."
@@ -214,7 +274,7 @@ class GetBuildingArgs(Args):
     building_id: BuildingId
 
 
-class GetBuilding(Tool[GetBuildingArgs]):
+class GetBuilding(Tool[GetBuildingArgs, GetBuildingResult]):
     name = "get_building"
     description = "One building's details and its rooms (room IDs, names, floors, capacity)."
     examples = (
@@ -226,30 +286,31 @@ class GetBuilding(Tool[GetBuildingArgs]):
     )
     prompt_order = 20
 
-    async def run(self, args: GetBuildingArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: GetBuildingArgs, ctx: ToolContext) -> GetBuildingResult:
         building = await accessible_building(ctx, args.building_id)
         rooms = await building_rooms(ctx, args.building_id)
-        return {"building": building_view(building), "rooms": [room_view(r) for r in rooms]}
+        return GetBuildingResult(
+            building=building_view(building), rooms=[room_view(r) for r in rooms]
+        )
 
 
 class GetRoomArgs(Args):
     room_id: RoomId
 
 
-class GetRoom(Tool[GetRoomArgs]):
+class GetRoom(Tool[GetRoomArgs, GetRoomResult]):
     name = "get_room"
     description = "One room's details (name, floor, capacity, type) and its building."
     prompt_order = 30
 
-    async def run(self, args: GetRoomArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: GetRoomArgs, ctx: ToolContext) -> GetRoomResult:
         room, building = await accessible_room(ctx, args.room_id)
-        return {
-            "room": room_view(room),
-            "building": {
-                "building_id": _str(building, "buildingId"),
-                "name": _str(building, "name"),
-            },
-        }
+        return GetRoomResult(
+            room=room_view(room),
+            building=BuildingRef(
+                building_id=_str(building, "buildingId"), name=_str(building, "name")
+            ),
+        )
 
 
 class GetRoomOccupancyArgs(Args):
@@ -260,7 +321,7 @@ class GetRoomOccupancyArgs(Args):
     )
 
 
-class GetRoomOccupancy(Tool[GetRoomOccupancyArgs]):
+class GetRoomOccupancy(Tool[GetRoomOccupancyArgs, GetRoomOccupancyResult]):
     name = "get_room_occupancy"
     description = (
         "Live occupancy of one or more rooms: people now, capacity, utilisation (0-1) and "
@@ -276,7 +337,7 @@ class GetRoomOccupancy(Tool[GetRoomOccupancyArgs]):
     )
     prompt_order = 40
 
-    async def run(self, args: GetRoomOccupancyArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: GetRoomOccupancyArgs, ctx: ToolContext) -> GetRoomOccupancyResult:
         room_ids = list(dict.fromkeys(args.room_ids))
         fetched = await asyncio.gather(
             *(ctx.downstream.twin(path("rooms", r, "occupancy"), ctx.user) for r in room_ids),
@@ -302,31 +363,30 @@ class GetRoomOccupancy(Tool[GetRoomOccupancyArgs]):
         visible, failed = await _visible_buildings(
             ctx, {str(r["buildingId"]) for r in records.values()}
         )
-        rooms: list[JsonValue] = []
+        rooms: list[RoomOccupancy] = []
         for room_id in room_ids:
             record = records.get(room_id)
             if record is None or record["buildingId"] not in visible:
                 error = errors.get(room_id, ROOM_NOT_FOUND)
                 if record is not None:
                     error = failed.get(str(record["buildingId"]), ROOM_NOT_FOUND)
-                rooms.append({"room_id": room_id, "error": error})
+                rooms.append(RoomOccupancy(room_id=room_id, error=error))
                 continue
-            entry: dict[str, JsonValue] = {
-                "room_id": room_id,
-                "building_id": _str(record, "buildingId"),
-                "occupancy": _num(record, "occupancy"),
-                "capacity": _num(record, "capacity"),
-                "utilisation": _num(record, "utilisation"),
-                "timestamp": _str(record, "timestamp"),
-            }
-            if entry["occupancy"] is None:
-                entry["note"] = "no occupancy reading (no occupancy sensor, or it is offline)"
+            entry = RoomOccupancy(
+                room_id=room_id,
+                building_id=_str(record, "buildingId"),
+                occupancy=_num(record, "occupancy"),
+                capacity=_num(record, "capacity"),
+                utilisation=_num(record, "utilisation"),
+                timestamp=_str(record, "timestamp"),
+            )
+            if entry.occupancy is None:
+                entry.note = "no occupancy reading (no occupancy sensor, or it is offline)"
             rooms.append(entry)
-        failures = [r for r in rooms if isinstance(r, dict) and "error" in r]
+        failures = [r.error for r in rooms if r.error is not None]
         if len(failures) == len(rooms):
-            messages = sorted({str(r["error"]) for r in failures if isinstance(r, dict)})
-            raise ToolError(" ".join(messages))
-        return {"rooms": rooms}
+            raise ToolError(" ".join(sorted(set(failures))))
+        return GetRoomOccupancyResult(rooms=rooms)
 
 
 async def _visible_buildings(

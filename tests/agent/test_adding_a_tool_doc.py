@@ -21,11 +21,11 @@ from local_world.world import World
 DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-tool.md"
 
 
-def example_tool() -> type[Tool[Any]]:
+def example_tool() -> type[Tool[Any, Any]]:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
     namespace: dict[str, Any] = dict(vars(twin))
     exec(blocks[0], namespace)
-    tool: type[Tool[Any]] = namespace["GetBuildingOccupancy"]
+    tool: type[Tool[Any, Any]] = namespace["GetBuildingOccupancy"]
     return tool
 
 

@@ -95,7 +95,7 @@ def test_what_the_prompt_says_about_a_tool_comes_from_the_tool() -> None:
         ListSensors,
     ],
 )
-def test_every_worked_example_is_a_valid_call(tool: type[Tool[Any]]) -> None:
+def test_every_worked_example_is_a_valid_call(tool: type[Tool[Any, Any]]) -> None:
     for example in tool.examples:
         tool.args_model.model_validate(dict(example.arguments))
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 from agent_helpers import ACME_STAFF
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, Field
 
 from agent.llm.base import ToolCall
 from agent.llm.openai_client import OpenAICompatibleClient
@@ -21,6 +21,7 @@ from agent.tools import (
     ToolRegistry,
     build_default_registry,
 )
+from agent.tools.registry import result_of
 from foundation.settings import Settings
 from serve_app.authz import CedarAuthorizer
 from serve_app.wiring import build_agent, local_tool_executor
@@ -33,18 +34,23 @@ class EchoArgs(BaseModel):
     times: int = Field(default=1, ge=1, le=3)
 
 
-class Echo(Tool[EchoArgs]):
+class EchoResult(BaseModel):
+    echo: list[str]
+    user: str
+
+
+class Echo(Tool[EchoArgs, EchoResult]):
     name = "echo"
     description = "Echo the text."
 
-    async def run(self, args: EchoArgs, ctx: ToolContext) -> JsonValue:
+    async def run(self, args: EchoArgs, ctx: ToolContext) -> EchoResult:
         if args.text == "fail":
             raise ToolError("echo cannot say that; try another word")
         if args.text == "crash":
             raise RuntimeError("secret internals")
         if args.text == "slow":
             await asyncio.sleep(5)
-        return {"echo": [args.text] * args.times, "user": ctx.user.sub}
+        return EchoResult(echo=[args.text] * args.times, user=ctx.user.sub)
 
 
 class Slow(Echo):
@@ -52,9 +58,30 @@ class Slow(Echo):
     timeout_seconds = 0.1
 
 
+class NotedResult(BaseModel):
+    text: str
+    maybe: str | None  # no default: always in the JSON, null or not
+    note: str | None = None  # a default: in the JSON only when the tool set it
+
+
+class Noted(Tool[EchoArgs, NotedResult]):
+    name = "noted"
+    description = "Echo, with a note for a long text."
+
+    async def run(self, args: EchoArgs, ctx: ToolContext) -> NotedResult:
+        if args.text == "wrong":
+            return EchoResult(echo=[], user="")  # type: ignore[return-value]
+        result = NotedResult(text=args.text, maybe=None)
+        if len(args.text) > 3:
+            result.note = "long"
+        return result
+
+
 def test_args_model_comes_from_the_type_argument() -> None:
     assert Echo().args_model is EchoArgs
     assert Slow().args_model is EchoArgs
+    assert Echo().result_model is EchoResult and Slow().result_model is EchoResult
+    assert Noted().result_model is NotedResult
     spec = Echo().spec()
     assert spec.name == "echo" and spec.description == "Echo the text."
     assert spec.parameters == {
@@ -123,6 +150,34 @@ async def test_dispatch_outcomes(make_local_ctx: MakeCtx) -> None:
     bad = await registry.dispatch(ToolCall("c6", "echo", '{"text": 1'), ctx)
     assert bad.arguments == {"_raw": '{"text": 1'}
     assert "not valid JSON" in (bad.error or "")
+
+
+async def test_results_are_models_dumped_compactly_and_read_back(make_local_ctx: MakeCtx) -> None:
+    registry = ToolRegistry([Echo(), Noted()])
+    ctx = make_local_ctx(ACME_STAFF)
+    short = await registry.dispatch(ToolCall("c1", "noted", '{"text": "hé"}'), ctx)
+    assert short.result_json == '{"text":"hé","maybe":null}'  # unset default: no key
+    long = await registry.dispatch(ToolCall("c2", "noted", '{"text": "hello"}'), ctx)
+    assert long.result_json == '{"text":"hello","maybe":null,"note":"long"}'
+    assert result_of(long, Noted) == NotedResult(text="hello", maybe=None, note="long")
+    assert result_of(long, Echo) is None  # another tool's outcome
+
+    failed = await registry.dispatch(ToolCall("c3", "echo", '{"text": "fail"}'), ctx)
+    assert result_of(failed, Echo) is None
+    wrong = await registry.dispatch(ToolCall("c4", "noted", '{"text": "wrong"}'), ctx)
+    assert wrong.error == "noted failed with an internal error"
+
+
+def test_a_tool_needs_both_models() -> None:
+    class Bare(Tool):  # type: ignore[type-arg]
+        name = "bare"
+        description = "No type arguments."
+
+        async def run(self, args: BaseModel, ctx: ToolContext) -> BaseModel:
+            return args
+
+    with pytest.raises(TypeError, match="has no args model"):
+        ToolRegistry([Bare()])
 
 
 async def test_dispatch_propagates_cancellation(make_local_ctx: MakeCtx) -> None:
