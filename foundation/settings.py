@@ -1263,7 +1263,7 @@ class OtherVariable:
 RAY_OWN_VARIABLES: tuple[OtherVariable, ...] = (
     OtherVariable(
         "RAY_AUTH_MODE",
-        "`token` (set by `serve`)",
+        "token (set by serve)",
         "Ray's authentication. `serve` starts its head, and its replicas run, in `token` "
         "mode; it makes a token once (`ray get-auth-token --generate`, into "
         "~/.ray/auth_token) unless RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or that file exists.",
@@ -1292,7 +1292,7 @@ RAY_OWN_VARIABLES: tuple[OtherVariable, ...] = (
     ),
     OtherVariable(
         "RAY_USAGE_STATS_ENABLED",
-        "`0` (set by `serve`)",
+        "0 (set by serve)",
         "Ray's usage statistics: off for the head `serve` starts.",
     ),
 )

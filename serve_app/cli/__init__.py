@@ -10,6 +10,7 @@ Subcommands (one module of this package per group):
   eval     run the golden dataset against the running service                  (evals.py)
   train-reranker  train the cross-encoder reranker offline                     (reranker.py)
   bench    run a benchmark of bench/ (python -m bench.NAME) or list them       (bench.py)
+  config   every setting: variable, default, value here (redacted), meaning    (config.py)
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from foundation.settings import SettingsError, load_settings
-from serve_app.cli import ask, bench, conversations, db, evals, ingest, reranker, serve
+from serve_app.cli import (
+    ask,
+    bench,
+    config,
+    conversations,
+    db,
+    evals,
+    ingest,
+    reranker,
+    serve,
+)
 from serve_app.cli.ask import claims_header, cmd_ask
 from serve_app.cli.bench import bench_command, bench_listing, bench_modules, bench_root, cmd_bench
 from serve_app.cli.common import (
@@ -67,12 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-service",
         description="CrowdVision's tool-calling assistant on Ray Serve. Settings come from the "
-        "environment (and .env); see README.md for every variable.",
+        "environment (and .env); `agent-service config` lists every variable.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # In the order `--help` lists them.
-    for group in (db, ingest, serve, ask, conversations, evals, reranker, bench):
+    for group in (db, ingest, serve, ask, conversations, evals, reranker, bench, config):
         group.add_parsers(sub)
     return parser
 
