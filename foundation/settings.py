@@ -120,7 +120,8 @@ class Section(BaseModel):
 
 
 class DatabaseSection(Section):
-    """foundation.database; the pools of every store (knowledge base, conversations, limits)."""
+    """The PostgreSQL everything is kept in (foundation.database), and the pool each store
+    opens (knowledge base, conversations, usage limits)."""
 
     url: str | None = Field(
         default=None,
