@@ -17,14 +17,31 @@ answer and the id the user typed, never from anything the caller may not see.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from agent.small_model.intents import LiveIntent
-from agent.tools.registry import ToolOutcome
+from agent.tools.registry import ToolOutcome, result_of
+from agent.tools.sensor import (
+    GetLatestSensorData,
+    GetLatestSensorDataResult,
+    GetSensorHistory,
+    GetSensorHistoryResult,
+    ListSensors,
+    ListSensorsResult,
+)
+from agent.tools.twin import (
+    GetBuilding,
+    GetBuildingResult,
+    GetRoom,
+    GetRoomOccupancy,
+    GetRoomOccupancyResult,
+    GetRoomResult,
+    ListBuildings,
+    ListBuildingsResult,
+    RoomOccupancy,
+)
 from agent.words import content_words
 
 __all__ = ["compose_greeting", "compose_live", "room_names"]
@@ -77,14 +94,6 @@ def compose_greeting(question: str) -> str:
     return f"{opening} {CAPABILITIES}"
 
 
-def _data(outcome: ToolOutcome) -> dict[str, Any]:
-    try:
-        value = json.loads(outcome.result_json)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _when(value: object) -> str:
     """An ISO instant as people read it ("10:30 UTC on 2025-03-04"); anything else as is."""
     text = str(value)
@@ -107,10 +116,10 @@ def room_names(steps: Sequence[ToolOutcome]) -> dict[str, str]:
     """Room id -> name, from every ``get_building`` result among ``steps``."""
     names: dict[str, str] = {}
     for step in steps:
-        if step.name == "get_building" and step.ok:
-            for room in _data(step).get("rooms") or []:
-                if isinstance(room, dict) and room.get("room_id") and room.get("name"):
-                    names[str(room["room_id"])] = str(room["name"])
+        details = result_of(step, GetBuilding)
+        for room in details.rooms if details is not None else []:
+            if room.room_id and room.name:
+                names[room.room_id] = room.name
     return names
 
 
@@ -124,23 +133,23 @@ def compose_live(
     (the shown ``list_buildings`` step answers it)."""
     if not steps:
         return None
-    missing = [s for s in steps if s.name == "get_building" and not s.ok]
+    missing = [s for s in steps if s.name == GetBuilding.name and not s.ok]
     if missing:
         return " ".join(_not_found("building", s.arguments.get("building_id")) for s in missing)
     failed = [s for s in steps if not s.ok]
     if _unanswerable(_without_names(question, steps)) and not failed:
         return None  # it asks for more than the results say
     names = room_names(steps)
-    measured = [s for s in steps if s.name not in ("get_building", "list_buildings")]
+    measured = [s for s in steps if s.name not in (GetBuilding.name, ListBuildings.name)]
     if measured:
         parts = [_measurement(question, step, names) for step in measured]
         return None if any(part is None for part in parts) else " ".join(p for p in parts if p)
     if building_list:
-        shown = [s for s in steps if s.name == "list_buildings" and s.ok]
-        return _buildings(_data(shown[0])) if shown else None
+        listings = [lst for s in steps if (lst := result_of(s, ListBuildings)) is not None]
+        return _buildings(listings[0]) if listings else None
     lower = question.lower()
     if _ROOMS.search(lower) and not (intent.occupancy or intent.reading or intent.inventory):
-        buildings = [_data(s) for s in steps if s.name == "get_building"]
+        buildings = [bld for s in steps if (bld := result_of(s, GetBuilding)) is not None]
         return " ".join(_rooms(b) for b in buildings) or None
     return None
 
@@ -150,11 +159,22 @@ def _without_names(question: str, steps: Sequence[ToolOutcome]) -> str:
     may also be named: "Loading Dock B (room room-harbor-dock-b)")."""
     names = set(room_names(steps).values())
     for step in steps:
-        data = _data(step)
-        names |= {str(data[k]) for k in ("room_name", "building_name") if data.get(k)}
+        names |= {name for name in _names_shown(step) if name}
     for name in sorted(names, key=len, reverse=True):
         question = re.sub(re.escape(name), " ", question, flags=re.IGNORECASE)
     return question
+
+
+def _names_shown(step: ToolOutcome) -> tuple[str | None, ...]:
+    """The room and building names a measurement's result states besides its entries."""
+    inventory = result_of(step, ListSensors)
+    if inventory is not None:
+        return inventory.room_name, inventory.building_name
+    latest = result_of(step, GetLatestSensorData)
+    if latest is not None:
+        return (latest.room_name,)
+    history = result_of(step, GetSensorHistory)
+    return (history.room_name,) if history is not None else ()
 
 
 def _unanswerable(question: str) -> set[str]:
@@ -176,77 +196,72 @@ def _measurement(question: str, step: ToolOutcome, names: Mapping[str, str]) -> 
         if not (step.error and "not found" in step.error.lower()):
             return None  # a failing service: let the model say what it can
         rooms = step.arguments.get("room_ids") or [step.arguments.get("room_id")]
-        if step.name == "list_sensors" and "Building" in step.error:
+        if step.name == ListSensors.name and "Building" in step.error:
             return _not_found("building", step.arguments.get("building_id"))
         return " ".join(_not_found("room", room) for room in rooms)
-    data = _data(step)
-    if step.name == "get_room_occupancy":
-        return _occupancy(question, data, names)
-    if step.name == "list_sensors":
-        return _inventory(data)
-    if step.name == "get_room":
-        return _room(data)
-    if step.name == "get_latest_sensor_data":
-        return _latest(step, data)
-    if step.name == "get_sensor_history":
-        return _history(data)
+    if (occupancy := result_of(step, GetRoomOccupancy)) is not None:
+        return _occupancy(question, occupancy, names)
+    if (inventory := result_of(step, ListSensors)) is not None:
+        return _inventory(inventory)
+    if (details := result_of(step, GetRoom)) is not None:
+        return _room(details)
+    if (latest := result_of(step, GetLatestSensorData)) is not None:
+        return _latest(step, latest)
+    if (history := result_of(step, GetSensorHistory)) is not None:
+        return _history(history)
     return None
 
 
-def _buildings(data: Mapping[str, Any]) -> str:
-    buildings = [b for b in data.get("buildings") or [] if isinstance(b, dict)]
+def _buildings(listing: ListBuildingsResult) -> str:
+    buildings = listing.buildings
     if not buildings:
         return "You cannot see any buildings: none are accessible to your account."
     listed = "; ".join(
-        f"{b.get('name')} ({b.get('building_id')}"
-        + (f", {b['address']})" if b.get("address") else ")")
-        for b in buildings
+        f"{b.name} ({b.building_id}" + (f", {b.address})" if b.address else ")") for b in buildings
     )
     count = len(buildings)
-    more = " (the list is truncated)" if data.get("truncated") else ""
+    more = " (the list is truncated)" if listing.truncated else ""
     return f"You can see {count} building{'s' if count != 1 else ''}{more}: {listed}."
 
 
-def _room(data: Mapping[str, Any]) -> str | None:
-    room, building = data.get("room") or {}, data.get("building") or {}
-    if not room.get("name"):
+def _room(details: GetRoomResult) -> str | None:
+    room, building = details.room, details.building
+    if not room.name:
         return None
-    where = f" in {building['name']}" if building.get("name") else ""
+    where = f" in {building.name}" if building.name else ""
     facts = []
-    if room.get("floor") is not None:
-        facts.append(f"is on floor {room['floor']}")
-    if room.get("capacity") is not None:
-        facts.append(f"is planned for {room['capacity']} people (its capacity)")
-    if room.get("type"):
-        facts.append(f"is of type {str(room['type']).replace('_', ' ')}")
+    if room.floor is not None:
+        facts.append(f"is on floor {room.floor}")
+    if room.capacity is not None:
+        facts.append(f"is planned for {room.capacity} people (its capacity)")
+    if room.type:
+        facts.append(f"is of type {room.type.replace('_', ' ')}")
     listed = (
         ", ".join(facts[:-1]) + (" and " if len(facts) > 1 else "") + facts[-1] if facts else ""
     )
-    return f"{room['name']} ({room.get('room_id')}){where} {listed}.".replace(" .", ".")
+    return f"{room.name} ({room.room_id}){where} {listed}.".replace(" .", ".")
 
 
-def _rooms(data: Mapping[str, Any]) -> str:
-    building = data.get("building") or {}
-    rooms = [r for r in data.get("rooms") or [] if isinstance(r, dict)]
-    name = building.get("name") or building.get("building_id")
+def _rooms(details: GetBuildingResult) -> str:
+    building, rooms = details.building, details.rooms
+    name = building.name or building.building_id
     if not rooms:
         return f"{name} has no rooms on record."
     listed = "; ".join(
-        f"{r.get('name')} ({r.get('room_id')}, floor {r.get('floor')}, capacity "
-        f"{r.get('capacity')})"
-        for r in rooms
+        f"{r.name} ({r.room_id}, floor {r.floor}, capacity {r.capacity})" for r in rooms
     )
     return f"{name} has {len(rooms)} room{'s' if len(rooms) != 1 else ''}: {listed}."
 
 
-def _occupancy(question: str, data: Mapping[str, Any], names: Mapping[str, str]) -> str | None:
-    rooms = [r for r in data.get("rooms") or [] if isinstance(r, dict)]
-    if not rooms:
+def _occupancy(
+    question: str, report: GetRoomOccupancyResult, names: Mapping[str, str]
+) -> str | None:
+    if not report.rooms:
         return None
     lines: list[str] = []
     counted: list[tuple[float, str]] = []  # (utilisation, else people), room label
-    for room in rooms:
-        label = names.get(str(room.get("room_id")), str(room.get("room_id")))
+    for room in report.rooms:
+        label = names.get(room.room_id, room.room_id)
         line, rank = _occupancy_line(label, room)
         lines.append(line)
         if rank is not None:
@@ -254,18 +269,18 @@ def _occupancy(question: str, data: Mapping[str, Any], names: Mapping[str, str])
     return f"{_superlative(question, counted)}Live occupancy: {'; '.join(lines)}."
 
 
-def _occupancy_line(label: str, room: Mapping[str, Any]) -> tuple[str, float | None]:
+def _occupancy_line(label: str, room: RoomOccupancy) -> tuple[str, float | None]:
     """One room's reading in words, and what ranks it (None: no live count)."""
-    if room.get("error"):
+    if room.error:
         return f"{label}: not found or not accessible", None
-    people, capacity = _number(room.get("occupancy")), _number(room.get("capacity"))
-    if people is None:
+    people, capacity = _number(room.occupancy), _number(room.capacity)
+    if people is None or room.occupancy is None:
         cap = f" (capacity {capacity})" if capacity else ""
         return f"{label}: no live people count{cap}, the room has no working occupancy sensor", None
-    share = room.get("utilisation")
-    percent = f", {share:.0%}" if isinstance(share, int | float) and capacity else ""
+    share = room.utilisation
+    percent = f", {share:.0%}" if share is not None and capacity else ""
     of = f" of {capacity}" if capacity else ""
-    rank = share if isinstance(share, int | float) else room["occupancy"]
+    rank = share if share is not None else room.occupancy
     return f"{label}: {people}{of} people{percent}", float(rank)
 
 
@@ -282,76 +297,72 @@ def _superlative(question: str, counted: Sequence[tuple[float, str]]) -> str:
     return f"The {'busiest' if busiest else 'least busy'} room right now is {label}. "
 
 
-def _inventory(data: Mapping[str, Any]) -> str:
-    where = data.get("room_name") or data.get("room_id") or data.get("building_name")
-    sensors = [s for s in data.get("sensors") or [] if isinstance(s, dict)]
+def _inventory(inventory: ListSensorsResult) -> str:
+    where = inventory.room_name or inventory.room_id or inventory.building_name
+    sensors = inventory.sensors
     if not sensors:
         return f"No sensors are installed in {where} (an inventory fact, not a missing reading)."
-    if data.get("room_id"):
+    if inventory.room_id:
         kinds = ", ".join(
-            f"{_SENSOR_WORDS.get(str(s.get('sensor_type')), s.get('sensor_type'))} "
-            f"({s.get('sensor_id')})"
+            f"{_SENSOR_WORDS.get(str(s.sensor_type), s.sensor_type)} ({s.sensor_id})"
             for s in sensors
         )
         return f"{where} has {len(sensors)} sensor{'s' if len(sensors) != 1 else ''}: {kinds}."
     by_room: dict[str, list[str]] = {}
     for sensor in sensors:
-        kind = _SENSOR_WORDS.get(str(sensor.get("sensor_type")), str(sensor.get("sensor_type")))
-        by_room.setdefault(str(sensor.get("room_name") or sensor.get("room_id")), []).append(kind)
+        kind = _SENSOR_WORDS.get(str(sensor.sensor_type), str(sensor.sensor_type))
+        by_room.setdefault(str(sensor.room_name or sensor.room_id), []).append(kind)
     listed = "; ".join(f"{room}: {', '.join(kinds)}" for room, kinds in by_room.items())
-    more = " (the list is truncated)" if data.get("truncated") else ""
+    more = " (the list is truncated)" if inventory.truncated else ""
     return f"Sensors in {where}{more}: {listed}."
 
 
-def _latest(step: ToolOutcome, data: Mapping[str, Any]) -> str | None:
-    where = data.get("room_name") or data.get("room_id")
+def _latest(step: ToolOutcome, latest: GetLatestSensorDataResult) -> str | None:
+    where = latest.room_name or latest.room_id
     wanted = step.arguments.get("sensor_type")
     kind = _SENSOR_WORDS.get(str(wanted), str(wanted)) if wanted else None
-    readings = [r for r in data.get("readings") or [] if isinstance(r, dict)]
-    if not readings:
+    if not latest.readings:
         what = f"{kind} sensor" if kind else "sensor"
         value_word = f"{kind} reading" if kind else "reading"
         return f"No {what} is installed in {where}, so there is no {value_word} for it."
     parts = []
-    for reading in readings:
-        sensor = _SENSOR_WORDS.get(str(reading.get("sensor_type")), reading.get("sensor_type"))
-        status = reading.get("status")
-        value = _number(reading.get("value"))
+    for reading in latest.readings:
+        sensor = _SENSOR_WORDS.get(reading.sensor_type, reading.sensor_type)
+        status = reading.status
+        value = _number(reading.value)
         if status in ("ok", "stale") and value is not None:
-            unit = f" {reading['unit']}" if reading.get("unit") else ""
-            when = f" (read at {_when(reading['timestamp'])})" if reading.get("timestamp") else ""
+            unit = f" {reading.unit}" if reading.unit else ""
+            when = f" (read at {_when(reading.timestamp)})" if reading.timestamp else ""
             old = " This reading is old: it is not a current value." if status == "stale" else ""
             parts.append(f"The {sensor} in {where} is {value}{unit}{when}.{old}")
         elif status in _STATUS_PHRASES:
-            phrase = _STATUS_PHRASES[str(status)]
-            parts.append(f"The {sensor} sensor in {where} ({reading.get('sensor_id')}) {phrase}.")
+            phrase = _STATUS_PHRASES[status]
+            parts.append(f"The {sensor} sensor in {where} ({reading.sensor_id}) {phrase}.")
         else:
             return None  # an unusual value (an object, a new status): the model reads it
     return " ".join(parts)
 
 
-def _history(data: Mapping[str, Any]) -> str | None:
-    where = data.get("room_name") or data.get("room_id")
-    kind = _SENSOR_WORDS.get(str(data.get("sensor_type")), str(data.get("sensor_type")))
-    series = [s for s in data.get("series") or [] if isinstance(s, dict)]
-    window = f"from {_when(data.get('from'))} to {_when(data.get('to'))}"
-    if not series:
+def _history(history: GetSensorHistoryResult) -> str | None:
+    where = history.room_name or history.room_id
+    kind = _SENSOR_WORDS.get(history.sensor_type, history.sensor_type)
+    window = f"from {_when(history.from_)} to {_when(history.to)}"
+    if not history.series:
         return f"No {kind} sensor is installed in {where}, so there is no {kind} history."
     parts = []
-    for entry in series:
-        summary = entry.get("summary")
-        unit = f" {entry['unit']}" if entry.get("unit") else ""
-        if isinstance(summary, dict):
+    for entry in history.series:
+        summary = entry.summary
+        unit = f" {entry.unit}" if entry.unit else ""
+        if summary is not None:
             parts.append(
-                f"The {kind} in {where} {window} ({summary.get('count')} readings) ranged from "
-                f"{_number(summary.get('min'))}{unit} (at {_when(summary.get('min_at'))}) to "
-                f"{_number(summary.get('max'))}{unit} (at {_when(summary.get('max_at'))}), "
-                f"averaging {_number(summary.get('mean'))}{unit}; the latest was "
-                f"{_number(summary.get('last'))}{unit} at {_when(summary.get('last_at'))}."
+                f"The {kind} in {where} {window} ({summary.count} readings) ranged from "
+                f"{_number(summary.min)}{unit} (at {_when(summary.min_at)}) to "
+                f"{_number(summary.max)}{unit} (at {_when(summary.max_at)}), "
+                f"averaging {_number(summary.mean)}{unit}; the latest was "
+                f"{_number(summary.last)}{unit} at {_when(summary.last_at)}."
             )
-        elif entry.get("note"):
-            sensor = entry.get("sensor_id")
-            parts.append(f"The {kind} sensor in {where} ({sensor}): {entry['note']}.")
+        elif entry.note:
+            parts.append(f"The {kind} sensor in {where} ({entry.sensor_id}): {entry.note}.")
         else:
             return None
     return " ".join(parts)
