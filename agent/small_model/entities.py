@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.tools.twin import GetBuildingResult, ListBuildingsResult
+
 __all__ = [
     "ENTITY_KEYS",
     "KnownEntities",
@@ -28,7 +30,9 @@ __all__ = [
     "ids_after_word",
     "ids_in_text",
     "match_names",
+    "named_buildings",
     "named_entities",
+    "named_rooms",
 ]
 
 # Result keys that hold an id, by entity kind (the tool views' spelling: agent/tools/twin.py).
@@ -86,8 +90,27 @@ def _parse(result_json: str) -> Any:
         return None
 
 
+def named_buildings(listing: ListBuildingsResult) -> list[NamedEntity]:
+    """The named buildings of a ``list_buildings`` result (what names are matched against)."""
+    return [
+        NamedEntity("building", b.building_id, b.name)
+        for b in listing.buildings
+        if b.building_id is not None and b.name is not None
+    ]
+
+
+def named_rooms(details: GetBuildingResult) -> list[NamedEntity]:
+    """The named rooms of a ``get_building`` result."""
+    return [
+        NamedEntity("room", r.room_id, r.name)
+        for r in details.rooms
+        if r.room_id is not None and r.name is not None
+    ]
+
+
 def named_entities(result_json: str) -> list[NamedEntity]:
-    """Every object in a tool result that carries exactly one entity id and a name."""
+    """Every object in any tool's result JSON that carries exactly one entity id and a name
+    (the planner reads its own steps typed: ``named_buildings``, ``named_rooms``)."""
     out: list[NamedEntity] = []
     for record in _walk(_parse(result_json)):
         name = record.get("name")

@@ -45,7 +45,8 @@ from agent.small_model.entities import (
     ids_after_word,
     ids_in_text,
     match_names,
-    named_entities,
+    named_buildings,
+    named_rooms,
 )
 from agent.small_model.followups import DeterministicRewriter, QueryRewriter, Rewrite
 from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
@@ -64,8 +65,16 @@ from agent.small_model.routing import (
 )
 from agent.small_model.routing import route as decide_route
 from agent.tools.executor import ToolExecutor
-from agent.tools.registry import ToolOutcome
-from agent.tools.twin import MAX_OCCUPANCY_ROOMS
+from agent.tools.registry import ToolOutcome, result_of
+from agent.tools.search_docs import SearchDocs
+from agent.tools.sensor import GetLatestSensorData, GetSensorHistory, ListSensors
+from agent.tools.twin import (
+    MAX_OCCUPANCY_ROOMS,
+    GetBuilding,
+    GetRoom,
+    GetRoomOccupancy,
+    ListBuildings,
+)
 from agent.turns import PriorTurn
 from agent.words import content_words, doc_tokens
 from retrieval.search import SearchHit
@@ -289,7 +298,7 @@ class Planner:
         entities = self.entities
         lookup: ToolOutcome | None = None
         buildings: list[NamedEntity] = []
-        if "list_buildings" in names:
+        if ListBuildings.name in names:
             lookup, buildings = await self._buildings(run)
         asked = question
         rewrite = await self._rewrite(run, question, buildings)
@@ -299,13 +308,13 @@ class Planner:
         tokens = doc_tokens(question)
         search: ToolOutcome | None = None
         greeting = is_greeting(question)
-        if "search_docs" in names and not greeting:
+        if SearchDocs.name in names and not greeting:
             # A documented token finds its own section best on its own (keyword search);
             # the whole sentence buries it under the question's common words. A question
             # naming entities is searched too: a page about them ("the forklift-shift
             # limit of Dock Hall B") makes it both, not live data alone.
             query = " ".join(tokens) if tokens else question
-            search = await self._execute(run, "search_docs", {"query": query[:500]})
+            search = await self._execute(run, SearchDocs.name, {"query": query[:500]})
         if search is not None and search.ok and tokens:
             search = dataclasses.replace(search, chunks=_defining_first(search.chunks, tokens))
         hits = list(search.chunks) if search is not None and search.ok else []
@@ -405,10 +414,9 @@ class Planner:
 
     async def _buildings(self, run: Run) -> tuple[ToolOutcome, list[NamedEntity]]:
         """The caller's buildings (``list_buildings`` as the caller), to match names."""
-        outcome = await self._execute(run, "list_buildings", {})
-        if not outcome.ok:
-            return outcome, []
-        return outcome, [e for e in named_entities(outcome.result_json) if e.kind == "building"]
+        outcome = await self._execute(run, ListBuildings.name, {})
+        listing = result_of(outcome, ListBuildings)
+        return outcome, named_buildings(listing) if listing is not None else []
 
     def _show_lookup(self, run: Run, lookup: ToolOutcome) -> ToolEvent:
         """The building list as a visible step: it is the answer to "which buildings"."""
@@ -453,11 +461,12 @@ class Planner:
         """The building's visible step (its details and rooms); then its rooms."""
         self.entities.add("building", building.entity_id)
         rooms: list[NamedEntity] = []
-        async for item in self._visible(run, "get_building", {"building_id": building.entity_id}):
+        arguments: dict[str, object] = {"building_id": building.entity_id}
+        async for item in self._visible(run, GetBuilding.name, arguments):
             if not isinstance(item, ToolOutcome):
                 yield item
-            elif item.ok:
-                rooms = [e for e in named_entities(item.result_json) if e.kind == "room"]
+            elif (details := result_of(item, GetBuilding)) is not None:
+                rooms = named_rooms(details)
         yield rooms
 
     async def _measure(
@@ -474,25 +483,25 @@ class Planner:
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
             ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]
-            calls = [("get_room_occupancy", {"room_ids": ids})] if ids else []
+            calls = [(GetRoomOccupancy.name, {"room_ids": ids})] if ids else []
         elif intent.inventory:
             for building, rooms in grounded:
                 args: dict[str, object] = {"building_id": building.entity_id}
                 in_building = [room for room in named if room in rooms]
                 if in_building:
                     args["room_id"] = in_building[0].entity_id
-                calls.append(("list_sensors", args))
+                calls.append((ListSensors.name, args))
         elif intent.reading or intent.history_hours:
             for room in named:
                 args = {"room_id": room.entity_id}
                 if intent.sensor_type:
                     args["sensor_type"] = intent.sensor_type
                 if intent.history_hours and intent.sensor_type:
-                    calls.append(("get_sensor_history", {**args, "hours": intent.history_hours}))
+                    calls.append((GetSensorHistory.name, {**args, "hours": intent.history_hours}))
                 else:
-                    calls.append(("get_latest_sensor_data", args))
+                    calls.append((GetLatestSensorData.name, args))
         elif intent.details or intent.sensor_type is None:  # a room's floor, capacity, type
-            calls = [("get_room", {"room_id": room.entity_id}) for room in named]
+            calls = [(GetRoom.name, {"room_id": room.entity_id}) for room in named]
         for name, arguments in calls:
             async for item in self._visible(run, name, arguments):
                 if not isinstance(item, ToolOutcome):
@@ -520,11 +529,11 @@ def offered_tools(route: Route, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ..
     if route == "greeting":
         return ()
     if route == "documentation":  # another search, nothing live
-        return tuple(spec for spec in specs if spec.name == "search_docs")
+        return tuple(spec for spec in specs if spec.name == SearchDocs.name)
     if route in ("live_data", "open"):
         # open: the service's search with the whole question already matched poorly; a
         # second search by the small model found weak chunks it answered from anyway
         # ("switch to dark mode under Settings > Appearance"), so it may decline, say it
         # does not know, or use the live-data tools.
-        return tuple(spec for spec in specs if spec.name != "search_docs")
+        return tuple(spec for spec in specs if spec.name != SearchDocs.name)
     return tuple(specs)

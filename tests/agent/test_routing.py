@@ -15,7 +15,9 @@ from agent.small_model.entities import (
     NamedEntity,
     ids_in_text,
     match_names,
+    named_buildings,
     named_entities,
+    named_rooms,
 )
 from agent.small_model.routing import (
     RouteSignals,
@@ -26,6 +28,7 @@ from agent.small_model.routing import (
     product_words,
     route,
 )
+from agent.tools.twin import GetBuildingResult, ListBuildingsResult
 
 
 @pytest.mark.parametrize(
@@ -66,6 +69,25 @@ def test_known_entities_collect_ids_from_results() -> None:
         "chunk": (),
     }
     assert named_entities(json.dumps(result)) == [NamedEntity("building", "b1", "X")]
+
+
+def test_named_entities_from_typed_results() -> None:
+    """The planner's typed reads name what the generic JSON walk names."""
+    listing = ListBuildingsResult.model_validate_json(
+        '{"buildings":[{"building_id":"b1","name":"X","domain":"d","address":null,'
+        '"floors":1,"room_count":2,"capacity":3},{"building_id":"b2","name":null,'
+        '"domain":"d","address":null,"floors":null,"room_count":null,"capacity":null}],'
+        '"count":2}'
+    )
+    assert named_buildings(listing) == [NamedEntity("building", "b1", "X")]
+    assert named_buildings(listing) == named_entities(listing.model_dump_json())
+    details = GetBuildingResult.model_validate_json(
+        '{"building":{"building_id":"b1","name":"X","domain":"d","address":null,"floors":1,'
+        '"room_count":2,"capacity":3},"rooms":[{"room_id":"r1","name":"Dock","floor":0,'
+        '"capacity":4,"type":null},{"room_id":"r2","name":null,"floor":null,"capacity":null,'
+        '"type":null}]}'
+    )
+    assert named_rooms(details) == [NamedEntity("room", "r1", "Dock")]
 
 
 def test_routes() -> None:
