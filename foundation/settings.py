@@ -161,8 +161,21 @@ class DatabaseSection(Section):
         return self
 
 
+# A plug-in factory named in the environment: ``module:function``.
+PLUGIN_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
 class LLMSection(Section):
     """The model provider the agent answers with (agent.llm, serve_app.wiring)."""
+
+    provider: str = Field(
+        default="openai",
+        pattern=rf"^openai$|{PLUGIN_PATTERN}",
+        validation_alias="LLM_PROVIDER",
+        description="`openai` (the OpenAI-compatible client of the LLM_* settings) or "
+        "`module:function`, a factory `(settings, model) -> LLMClient` "
+        "(docs/adding-an-llm-provider.md).",
+    )
 
     base_url: str = Field(
         default="https://openrouter.ai/api/v1",
@@ -441,6 +454,15 @@ class EmbeddingSection(Section):
 
 class RetrievalSection(Section):
     """Hybrid search and reranking (retrieval.search, retrieval.store, retrieval.rerankers)."""
+
+    strategy: str = Field(
+        default="hybrid",
+        pattern=rf"^hybrid$|{PLUGIN_PATTERN}",
+        validation_alias="RETRIEVER",
+        description="`hybrid` (vector + keyword, RRF, the reranker) or `module:function`, a "
+        "factory `(settings, hybrid) -> Retriever` over the service's hybrid search "
+        "(docs/adding-a-retrieval-strategy.md).",
+    )
 
     reranker: Literal["noop", "cross-encoder"] = Field(
         default="noop",

@@ -20,7 +20,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agent.answer import AgentAnswer, AgentEvent
 from agent.loop import Agent
@@ -52,6 +52,7 @@ MAX_MESSAGE_CHARS = 500
 MISSING_KEY_PLACEHOLDER = "missing-api-key"
 
 
+@runtime_checkable
 class Closable(Protocol):
     async def aclose(self) -> None: ...
 

@@ -8,10 +8,11 @@ typed configs and ports, never ``Settings`` (tests/test_layering.py); the functi
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from agent.access import DomainAuthorizer
 from agent.llm.base import LLMClient
@@ -74,8 +75,35 @@ def _client(settings: Settings, api_key: str, model: str | None) -> OpenAICompat
     )
 
 
-def build_llm_client(settings: Settings, *, model: str | None = None) -> OpenAICompatibleClient:
-    """The configured client (``model`` overrides ANSWER_MODEL as the default model).
+def plugin(spec: str, variable: str) -> Callable[..., object]:
+    """The factory ``module:function`` names (``LLM_PROVIDER``, ``RETRIEVER``); a
+    ``SettingsError`` naming ``variable`` when it does not load."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        factory: object = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(f"{variable}={spec}: cannot load it ({exc})") from None
+    if not callable(factory):
+        raise SettingsError(f"{variable}={spec}: not a function")
+    return factory
+
+
+def build_llm_client(settings: Settings, *, model: str | None = None) -> LLMClient:
+    """The configured client (``model`` overrides ANSWER_MODEL as the default model): the
+    factory LLM_PROVIDER names, or the OpenAI-compatible client (``openai_client``)."""
+    provider = settings.llm.provider
+    if provider == "openai":
+        return openai_client(settings, model=model)
+    client = plugin(provider, "LLM_PROVIDER")(settings, model)
+    if not isinstance(client, LLMClient):
+        raise SettingsError(
+            f"LLM_PROVIDER={provider}: returned {type(client).__name__}, not an LLMClient"
+        )
+    return client
+
+
+def openai_client(settings: Settings, *, model: str | None = None) -> OpenAICompatibleClient:
+    """The OpenAI-compatible client of the LLM_* settings (``model`` overrides ANSWER_MODEL).
 
     Raises ``SettingsError`` naming OPENROUTER_API_KEY (and its aliases) when no key is set,
     unless LLM_BASE_URL is a loopback address (a local model server needs none)."""
@@ -91,11 +119,14 @@ def build_llm_client(settings: Settings, *, model: str | None = None) -> OpenAIC
     return _client(settings, key.strip(), model)
 
 
-def llm_client_or_placeholder(settings: Settings) -> OpenAICompatibleClient:
-    """``build_llm_client``, or, without a key, a client that the provider will refuse: the
-    service starts anyway and ``/readyz`` says why the provider is not configured."""
-    try:
+def llm_client_or_placeholder(settings: Settings) -> LLMClient:
+    """``build_llm_client``, or, without a key for the OpenAI-compatible client, one that the
+    provider will refuse: the service starts anyway and ``/readyz`` says why the provider is
+    not configured. A plug-in that does not load fails the start (it names LLM_PROVIDER)."""
+    if settings.llm.provider != "openai":
         return build_llm_client(settings)
+    try:
+        return openai_client(settings)
     except SettingsError as exc:
         log.error("%s; /readyz will report the provider as not configured", exc)
         return _client(settings, MISSING_KEY_PLACEHOLDER, None)
@@ -257,17 +288,26 @@ def build_retriever(
     *,
     embedder: Embedder | None = None,
     reranker: Reranker | None = None,
-) -> HybridRetriever:
-    return HybridRetriever(
+) -> Retriever:
+    """The service's hybrid search over ``store``, or the strategy RETRIEVER names built
+    over it."""
+    hybrid = HybridRetriever(
         store,
         embedder or build_embedder(embedder_config(settings)),
         reranker or build_reranker(reranker_config(settings)),
         retrieval_config(settings),
     )
+    strategy = settings.retrieval.strategy
+    if strategy == "hybrid":
+        return hybrid
+    retriever = plugin(strategy, "RETRIEVER")(settings, hybrid)
+    if not callable(getattr(retriever, "search", None)):
+        raise SettingsError(f"RETRIEVER={strategy}: returned {type(retriever).__name__}, no search")
+    return cast(Retriever, retriever)
 
 
 @asynccontextmanager
-async def opened_retriever(settings: Settings) -> AsyncIterator[HybridRetriever]:
+async def opened_retriever(settings: Settings) -> AsyncIterator[Retriever]:
     """The configured retriever over the opened store, closed on exit."""
     store = await open_store(settings)
     try:
@@ -372,9 +412,9 @@ def build_local_backend(
     closables: list[Closable] = []  # what this function built, the backend closes
     client: LLMClient
     if llm is None:
-        built_client = llm_client_or_placeholder(settings)
-        closables.append(built_client)
-        client = built_client
+        client = llm_client_or_placeholder(settings)
+        if isinstance(client, Closable):
+            closables.append(client)
     else:
         client = llm
     embedder = embedder or build_embedder(embedder_config(settings))
