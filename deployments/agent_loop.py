@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
@@ -16,12 +16,11 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.llm.base import Message, ToolCall, ToolSpec
+from agent.llm.base import ToolCall, ToolSpec
+from agent.request import AgentRequest
 from agent.tools.executor import ToolExecutor, ToolRequest
 from agent.tools.registry import ToolOutcome, parse_arguments
-from agent.turns import PriorTurn
 from deployments.metrics import RayServeMetrics
-from foundation.identity import AuthUser
 from foundation.settings import Settings
 from foundation.tracing import use_context
 from serve_app.metrics import MetricsSink, answer_measurements
@@ -126,39 +125,17 @@ class AgentLoopDeployment:
                 daemon=True,
             ).start()
 
-    async def answer(
-        self,
-        question: str,
-        user: AuthUser,
-        model: str | None,
-        top_k: int | None,
-        trace_context: dict[str, str] | None = None,
-        history: Sequence[Message] = (),
-        earlier: Sequence[PriorTurn] = (),
-    ) -> AgentAnswer:
-        with use_context(trace_context):
-            answer = await self.agent.answer(
-                question, user, model=model, top_k=top_k, history=history, earlier=earlier
-            )
+    async def answer(self, request: AgentRequest) -> AgentAnswer:
+        with use_context(request.trace_context):
+            answer = await self.agent.run(request)
         self.metrics.record(answer_measurements(answer))
         return answer
 
-    async def stream(
-        self,
-        question: str,
-        user: AuthUser,
-        model: str | None,
-        top_k: int | None,
-        trace_context: dict[str, str] | None = None,
-        history: Sequence[Message] = (),
-        earlier: Sequence[PriorTurn] = (),
-    ) -> AsyncIterator[AgentEvent]:
+    async def stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         # Called through a streaming handle; a client disconnect cancels this generator
         # (and, through the loop, the running tools).
-        with use_context(trace_context):
-            stream = self.agent.stream(
-                question, user, model=model, top_k=top_k, history=history, earlier=earlier
-            )
+        with use_context(request.trace_context):
+            stream = self.agent.run_stream(request)
             async for event in stream:
                 if isinstance(event, DoneEvent):
                     self.metrics.record(answer_measurements(event.response))

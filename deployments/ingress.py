@@ -27,6 +27,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agent.answer import AgentAnswer, AgentEvent
+from agent.request import AgentRequest
 from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from deployments.metrics import RayServeMetrics
@@ -35,7 +36,6 @@ from foundation.settings import Settings
 from serve_app.api.app import create_app
 from serve_app.authz import load_authorizer
 from serve_app.backend import (
-    AskParams,
     BackendError,
     BackendTimeout,
     IngestRequest,
@@ -156,18 +156,10 @@ class ServeBackend:
     async def visible_chunks(self, user: AuthUser, chunk_ids: Collection[str]) -> set[str]:
         return await visible_chunks(self._knowledge, user, chunk_ids)
 
-    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
+    async def ask(self, request: AgentRequest) -> AgentAnswer:
         # Our own deadline, below Serve's request_timeout_s, so a slow run ends with the
         # error envelope (504) rather than the proxy's plain-text timeout.
-        response = self._agent.answer.remote(
-            params.question,
-            user,
-            params.model,
-            params.top_k,
-            params.trace_context,
-            params.history,
-            params.earlier,
-        )
+        response = self._agent.answer.remote(request)
         try:
             async with asyncio.timeout(self._settings.http.ask_timeout_seconds):
                 answer: AgentAnswer = await response
@@ -185,19 +177,8 @@ class ServeBackend:
             raise BackendError(AGENT_LOST, retry_after=AGENT_LOST_RETRY_AFTER_S) from None
         return answer
 
-    async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
-        gen = cast(
-            DeploymentResponseGenerator[Any],
-            self._stream.stream.remote(
-                params.question,
-                user,
-                params.model,
-                params.top_k,
-                params.trace_context,
-                params.history,
-                params.earlier,
-            ),
-        )
+    async def ask_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
+        gen = cast(DeploymentResponseGenerator[Any], self._stream.stream.remote(request))
         try:
             async for event in gen:
                 yield event

@@ -8,15 +8,13 @@ raise live in ``serve_app.backend_errors`` and are re-exported here."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.answer import AgentAnswer, AgentEvent
-from agent.llm.base import Message
-from agent.turns import PriorTurn
+from agent.request import AgentRequest
 from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
@@ -31,18 +29,6 @@ from serve_app.backend_errors import IngestConflict as IngestConflict
 from serve_app.limits import RequestLimits
 from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness
-
-
-@dataclass(frozen=True)
-class AskParams:
-    question: str
-    model: str | None = None  # already checked against the override policy by the route
-    top_k: int | None = None
-    trace_context: dict[str, str] = field(default_factory=dict)  # W3C traceparent carrier
-    # Earlier turns of the conversation, fitted to HISTORY_MAX_TOKENS (serve_app.history)
-    history: tuple[Message, ...] = ()
-    # The same turns as the follow-up rewriter reads them (serve_app.history.prior_turns)
-    earlier: tuple[PriorTurn, ...] = ()
 
 
 class IngestRequest(BaseModel):
@@ -70,9 +56,13 @@ class IngestRun(BaseModel):
 
 @runtime_checkable
 class ApiBackend(Protocol):
-    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer: ...
+    async def ask(self, request: AgentRequest) -> AgentAnswer:
+        """The agent's answer to ``request`` (the caller, the question, the model override
+        already checked, the thread's earlier turns, the caller's trace): the same object
+        the agent takes, across a Ray handle as in process."""
+        ...
 
-    def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
+    def ask_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         """Events as the agent produces them; closing the iterator cancels the work."""
         ...
 

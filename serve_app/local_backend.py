@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent.answer import AgentAnswer, AgentEvent
 from agent.loop import Agent
+from agent.request import AgentRequest
 from conversations.feedback import FeedbackStore
 from conversations.store import ConversationStore
 from foundation.identity import AuthUser
@@ -33,7 +34,6 @@ from ingest_jobs.config import IngestConfig
 from ingest_jobs.pipeline import IngestOptions, effective_max_tokens, run_ingest
 from retrieval.embedders import Embedder
 from serve_app.backend import (
-    AskParams,
     IngestConflict,
     IngestRequest,
     IngestRun,
@@ -130,27 +130,13 @@ class LocalBackend:
 
     # --- ask ------------------------------------------------------------------------------------
 
-    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
-        with use_context(params.trace_context):
-            return await self.agent.answer(
-                params.question,
-                user,
-                model=params.model,
-                top_k=params.top_k,
-                history=params.history,
-                earlier=params.earlier,
-            )
+    async def ask(self, request: AgentRequest) -> AgentAnswer:
+        with use_context(request.trace_context):
+            return await self.agent.run(request)
 
-    async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
-        with use_context(params.trace_context):
-            events = self.agent.stream(
-                params.question,
-                user,
-                model=params.model,
-                top_k=params.top_k,
-                history=params.history,
-                earlier=params.earlier,
-            )
+    async def ask_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
+        with use_context(request.trace_context):
+            events = self.agent.run_stream(request)
             try:
                 async for event in events:
                     yield event

@@ -25,6 +25,7 @@ from agent_helpers import ADMIN, MODES, Call, Calls, Mode, Say, script_steps
 
 from agent.answer import AgentAnswer, DoneEvent
 from agent.llm.openai_client import OpenAICompatibleClient
+from agent.request import AgentRequest
 from agent.tools import Downstream, LocalToolExecutor, build_default_registry
 from agent.tools.registry import ToolOutcome
 from deployments.agent_loop import AgentLoopDeployment, HandleToolExecutor
@@ -40,7 +41,6 @@ from retrieval.rerankers import NoopReranker, Reranker
 from retrieval.search import HybridRetriever, SearchHit
 from retrieval.store import PgDocumentStore
 from serve_app.authz import CedarAuthorizer
-from serve_app.backend import AskParams
 from serve_app.metrics import InMemoryMetrics
 from serve_app.wiring import build_agent, retrieval_config
 from tests.pg_wire import SEARCH as ONE_SEARCH
@@ -313,7 +313,7 @@ async def make_graph(
 
 
 async def ask(graph: Graph, question: str) -> AgentAnswer:
-    return await graph.ingress.ask(ADMIN, AskParams(question=question))
+    return await graph.ingress.ask(AgentRequest(question, ADMIN))
 
 
 def db_round_trips(wire: WireLog) -> list[str]:
@@ -437,7 +437,7 @@ async def test_streaming_ask_costs_the_same_hops(make_graph: Any, llm: ScriptedL
     )
     graph = make_graph("native", "cross-encoder")
 
-    events = [e async for e in graph.ingress.ask_stream(ADMIN, AskParams(question=QUESTION))]
+    events = [e async for e in graph.ingress.ask_stream(AgentRequest(QUESTION, ADMIN))]
 
     assert isinstance(events[-1], DoneEvent)
     assert graph.agent_loop.methods == ["stream"]

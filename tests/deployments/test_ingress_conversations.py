@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from agent.answer import AgentAnswer, AgentEvent, CitationOut, DoneEvent, TokenEvent
+from agent.request import AgentRequest
 from agent.turns import PriorTurn
 from conversations.recheck import WITHHELD_ANSWER
 from deployments.ingress import ServeBackend
@@ -41,9 +42,20 @@ class _Answer:
         self.calls: list[tuple[Any, ...]] = []
         self.fields = fields
 
-    def remote(self, question: str, *args: Any) -> Any:
+    def remote(self, request: AgentRequest) -> Any:
+        question = request.question
         self.questions.append(question)
-        self.calls.append(args)
+        # What the handle carries besides the question: user, model, top_k, trace, history, earlier.
+        self.calls.append(
+            (
+                request.user,
+                request.model,
+                request.top_k,
+                request.trace_context,
+                request.history,
+                request.earlier,
+            )
+        )
 
         async def respond() -> AgentAnswer:
             return _answer(f"answer to {question}").model_copy(update=self.fields)
@@ -70,8 +82,8 @@ class _Events:
 
 
 class _Stream:
-    def remote(self, question: str, *args: Any) -> _Events:
-        text = f"answer to {question}"
+    def remote(self, request: AgentRequest) -> _Events:
+        text = f"answer to {request.question}"
         return _Events([TokenEvent(text=text), DoneEvent(response=_answer(text))])
 
 
@@ -150,7 +162,7 @@ async def test_the_ingress_rechecks_a_stored_citation_on_read_and_in_history(
             assert (await http.post("/ask", json=follow, headers=NINA)).status_code == 200
     finally:
         await backend.close()
-    # AgentLoop.answer(question, user, model, top_k, trace_context, history, earlier)
+    # AgentLoop.answer(AgentRequest(question, user, model, top_k, history, earlier, ...))
     history, earlier = handle.answer.calls[1][4:6]  # calls: the arguments after question
     assert [(m.role, m.content) for m in history] == [
         ("user", "one"),

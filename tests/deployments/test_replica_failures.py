@@ -12,6 +12,7 @@ import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from agent.llm.base import ToolCall
+from agent.request import AgentRequest
 from agent.tools import build_default_registry
 from agent.tools.executor import ToolRequest
 from agent.tools.registry import ToolOutcome
@@ -19,7 +20,7 @@ from deployments.agent_loop import HandleToolExecutor
 from deployments.ingress import ServeBackend
 from foundation.identity import AuthUser
 from foundation.settings import Settings
-from serve_app.backend import AskParams, BackendError
+from serve_app.backend import BackendError
 
 USER = AuthUser(sub="u-1", roles=("business_staff",), domains=("northwind",))
 CALL = ToolCall(id="call_1", name="get_building", arguments='{"building_id": "bld-x"}')
@@ -105,7 +106,7 @@ def test_a_dead_agent_loop_replica_is_a_503_envelope_not_a_500(tmp_path: Any) ->
     handle: Any = _Handle(answer=_Method([ActorDiedError()]))
     backend = ServeBackend(handle, Settings(agent_service_home=tmp_path))
     with pytest.raises(BackendError) as caught:
-        asyncio.run(backend.ask(USER, AskParams(question="hi")))
+        asyncio.run(backend.ask(AgentRequest("hi", USER)))
     assert caught.value.status == 503
     assert caught.value.code == "backend_unavailable"
     assert caught.value.retry_after is not None
@@ -138,7 +139,7 @@ def test_a_dead_agent_loop_replica_mid_stream_is_a_backend_error(tmp_path: Any) 
     backend = ServeBackend(handle, Settings(agent_service_home=tmp_path))
 
     async def consume() -> None:
-        async for _ in backend.ask_stream(USER, AskParams(question="hi")):
+        async for _ in backend.ask_stream(AgentRequest("hi", USER)):
             pass
 
     with pytest.raises(BackendError) as caught:

@@ -71,12 +71,13 @@ from agent.answer import (
     TokenEvent,
     ToolEvent,
 )
+from agent.request import AgentRequest
 from foundation.tracing import carrier_from_headers
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, LimitsDep, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
 from serve_app.api.fields import integral
 from serve_app.api.middleware import current_request_id
-from serve_app.backend import AskParams, BackendError, BackendTimeout
+from serve_app.backend import BackendError, BackendTimeout
 from serve_app.model_override import check_model_override
 from serve_app.threads import AskResponse, open_thread
 
@@ -394,8 +395,9 @@ async def ask(
         max_turns=settings.conversation_max_turns,
         history_max_tokens=settings.resolved_history_max_tokens,
     )
-    params = AskParams(
+    params = AgentRequest(
         question=body.question,
+        user=user,
         model=None if model == settings.answer_model else model,
         top_k=body.top_k,
         trace_context=carrier_from_headers(
@@ -411,7 +413,7 @@ async def ask(
     admission = await limits.admit(user, authorizer)
     if body.stream:
         events = admission.metered(
-            within_deadline(backend.ask_stream(user, params), settings.ask_timeout_seconds),
+            within_deadline(backend.ask_stream(params), settings.ask_timeout_seconds),
             question=body.question,
             history=thread.history,
             model=model,
@@ -421,7 +423,7 @@ async def ask(
             ping=SSE_PING_SECONDS,
             headers=admission.headers(),
         )
-    result = await backend.ask(user, params)
+    result = await backend.ask(params)
     await admission.record(result)
     answer = await thread.record(result)
     status = provider_error_status(answer) if answer.decision == "provider_error" else 200

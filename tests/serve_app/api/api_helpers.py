@@ -16,11 +16,12 @@ from typing import Any
 import httpx
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent, TokenEvent
+from agent.request import AgentRequest
 from conversations.feedback import FeedbackStore, InMemoryFeedbackStore
 from conversations.memory import InMemoryConversationStore
 from foundation.identity import AuthUser
 from local_world.claims import encode_claims
-from serve_app.backend import AskParams, IngestRequest, IngestRun
+from serve_app.backend import IngestRequest, IngestRun
 from serve_app.limits import RequestLimits
 from serve_app.metrics import MetricsSink
 from serve_app.readiness import Readiness, ReadinessCheck
@@ -94,7 +95,7 @@ def answer(text: str = "ok", **fields: Any) -> AgentAnswer:
 class FakeBackend:
     """A scriptable ``ApiBackend`` for route-level tests; records who asked what."""
 
-    asks: list[tuple[AuthUser, AskParams]] = field(default_factory=list)
+    asks: list[tuple[AuthUser, AgentRequest]] = field(default_factory=list)
     ask_result: AgentAnswer | Exception = field(default_factory=answer)
     stream_events: list[AgentEvent | Exception] = field(
         default_factory=lambda: [TokenEvent(text="ok"), DoneEvent(response=answer())]
@@ -113,14 +114,14 @@ class FakeBackend:
         # Beside the conversations, as serve_app.feedback.feedback_store_for keeps them.
         self.feedback = InMemoryFeedbackStore(self.conversations)
 
-    async def ask(self, user: AuthUser, params: AskParams) -> AgentAnswer:
-        self.asks.append((user, params))
+    async def ask(self, request: AgentRequest) -> AgentAnswer:
+        self.asks.append((request.user, request))
         if isinstance(self.ask_result, Exception):
             raise self.ask_result
         return self.ask_result
 
-    async def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
-        self.asks.append((user, params))
+    async def ask_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
+        self.asks.append((request.user, request))
         try:
             for item in self.stream_events:
                 if isinstance(item, Exception):
@@ -162,8 +163,8 @@ class SpyBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def ask_stream(self, user: AuthUser, params: AskParams) -> AsyncIterator[AgentEvent]:
-        inner = self.inner.ask_stream(user, params)
+    def ask_stream(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
+        inner = self.inner.ask_stream(request)
 
         async def spy() -> AsyncIterator[AgentEvent]:
             try:
