@@ -136,7 +136,8 @@ def llm_client_or_placeholder(settings: Settings) -> LLMClient:
 
 
 def tool_registry(settings: Settings) -> ToolRegistry:
-    """The eight tools. A tool may make up to four sequential downstream calls, so its
+    """The default tools (``build_default_registry``). A tool may make up to four sequential
+    downstream calls, so its
     timeout follows ``TWIN_TIMEOUT_SECONDS`` (never under 30 s, which also covers
     ``search_docs``)."""
     return build_default_registry(timeout_seconds=settings.tools.resolved_tool_timeout_seconds)
@@ -156,9 +157,10 @@ def local_tool_executor(
     downstream: Downstream,
     authorizer: DomainAuthorizer,
     retriever: Retriever | None,
+    registry: ToolRegistry | None = None,
 ) -> LocalToolExecutor:
     return LocalToolExecutor(
-        tool_registry(settings),
+        registry or tool_registry(settings),
         downstream=downstream,
         authorizer=authorizer,
         retriever=retriever,
@@ -406,6 +408,7 @@ def build_local_backend(
     downstream: Downstream | None = None,
     conversations: ConversationStore | None = None,
     limits: RequestLimits | None = None,
+    registry: ToolRegistry | None = None,
 ) -> LocalBackend:
     """Every core object in this process (each part injectable for tests). Nothing here
     touches the network or the database: the store opens on first use (or in ``start``)."""
@@ -427,6 +430,7 @@ def build_local_backend(
         downstream=downstream,
         authorizer=authorizer or load_authorizer(),
         retriever=build_retriever(settings, store, embedder=embedder),
+        registry=registry,
     )
     return LocalBackend(
         settings=settings,

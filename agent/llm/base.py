@@ -40,7 +40,9 @@ class ToolSpec:
 
     ``entity_arguments`` names the arguments that hold an entity id and the entity kind
     (``{"room_ids": "room"}``): a mode that can constrain values (``ChatRequest.choices``)
-    limits them to the ids this request has resolved."""
+    limits them to the ids this request has resolved. ``answers``: the live-data questions
+    the tool settles on its own (``"occupancy"``), for a strategy that runs a tool before
+    the model (the small-model planner) to find it by what it does, not by its name."""
 
     name: str
     description: str
@@ -49,6 +51,7 @@ class ToolSpec:
     examples: tuple[ToolExample, ...] = ()
     prompt_order: int = 100
     entity_arguments: Mapping[str, str] = field(default_factory=dict)
+    answers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,7 @@ class Planner:
         self._shown: list[ToolOutcome] = []  # every visible step's outcome, in order
         self._docs: list[SearchHit] = []  # the documentation chunks shown, in order
         self._intent = LiveIntent()
+        self._specs: tuple[ToolSpec, ...] = ()  # the tools offered this run
         self._rest = ""  # the question without the names and ids it mentions
 
     async def plan(
@@ -294,6 +295,7 @@ class Planner:
         """Yields a ``tool`` event per visible step, then the ``Plan``. A follow-up is
         searched and resolved as its standalone form (``agent.small_model.followups``): from here on
         ``question`` is that form, ``asked`` the question as the user typed it."""
+        self._specs = tuple(specs)
         names = {spec.name for spec in specs}
         entities = self.entities
         lookup: ToolOutcome | None = None
@@ -482,8 +484,7 @@ class Planner:
         intent = self._intent = live_intent(self._rest)
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
-            ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]
-            calls = [(GetRoomOccupancy.name, {"room_ids": ids})] if ids else []
+            calls = self._occupancy(named, grounded, all_rooms)
         elif intent.inventory:
             for building, rooms in grounded:
                 args: dict[str, object] = {"building_id": building.entity_id}
@@ -506,6 +507,23 @@ class Planner:
             async for item in self._visible(run, name, arguments):
                 if not isinstance(item, ToolOutcome):
                     yield item
+
+    def _occupancy(
+        self,
+        named: Sequence[NamedEntity],
+        grounded: Sequence[tuple[NamedEntity, list[NamedEntity]]],
+        all_rooms: Sequence[NamedEntity],
+    ) -> list[tuple[str, dict[str, object]]]:
+        """How busy the question's place is: one building and no room named, with a tool
+        that answers occupancy for a building id alone (``ToolSpec.answers``): that tool;
+        else the named rooms', or every grounded room's, occupancy."""
+        if not named and len(grounded) == 1:
+            for spec in self._specs:
+                kinds = dict(spec.entity_arguments)
+                if "occupancy" in spec.answers and list(kinds.values()) == ["building"]:
+                    return [(spec.name, {next(iter(kinds)): grounded[0][0].entity_id})]
+        ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]
+        return [(GetRoomOccupancy.name, {"room_ids": ids})] if ids else []
 
     def _show_docs(self, run: Run, search: ToolOutcome, question: str) -> ToolEvent:
         """The up-front search as a visible ``search_docs`` step holding only the chunks

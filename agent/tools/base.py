@@ -160,7 +160,9 @@ class Tool(ABC, Generic[ArgsT, ResultT]):
     What the system prompt says about the tool lives here too, so adding a tool needs no
     prompt edit: ``guidance`` (one line in the prompt's Tools section: when to use it),
     ``examples`` (worked examples shown to json_schema-mode models) and ``prompt_order``
-    (where both sit among the other tools', lower first; ties keep the registry order)."""
+    (where both sit among the other tools', lower first; ties keep the registry order).
+    ``answers`` says which live-data questions it settles on its own (``"occupancy"``: how
+    busy the entities of its id arguments are), so a planner can pick it without its name."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -170,6 +172,7 @@ class Tool(ABC, Generic[ArgsT, ResultT]):
     guidance: ClassVar[str | None] = None
     examples: ClassVar[tuple[ToolExample, ...]] = ()
     prompt_order: ClassVar[int] = 100
+    answers: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -195,6 +198,7 @@ class Tool(ABC, Generic[ArgsT, ResultT]):
             examples=self.examples,
             prompt_order=self.prompt_order,
             entity_arguments=entity_arguments(self.args_model),
+            answers=self.answers,
         )
 
     @abstractmethod

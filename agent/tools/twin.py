@@ -328,6 +328,7 @@ class GetRoomOccupancy(Tool[GetRoomOccupancyArgs, GetRoomOccupancyResult]):
         "the reading time. occupancy is null when the room has no working occupancy sensor."
     )
     guidance = "Occupancy: get_room_occupancy with every room you need in one call."
+    answers = ("occupancy",)
     examples = (
         ToolExample(
             "How many people are in room rm-123-a and rm-123-b?",

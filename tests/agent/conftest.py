@@ -23,7 +23,6 @@ from agent.tools import (
     LocalToolExecutor,
     ToolContext,
     ToolRegistry,
-    build_default_registry,
 )
 from foundation.identity import AuthUser
 from foundation.settings import Settings
@@ -36,6 +35,7 @@ from local_world.twin_service import create_twin_app
 from local_world.world import World, build_world
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.wiring import build_agent, build_downstream
+from tests.shipped_tools import shipped_registry
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +141,7 @@ def retriever() -> FakeRetriever:
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    return build_default_registry(timeout_seconds=10.0)
+    return shipped_registry(timeout_seconds=10.0)
 
 
 def _context_factory(
@@ -185,9 +185,10 @@ def _agent(
     retriever: FakeRetriever,
     clock: FixedClock,
 ) -> Agent:
-    """An ``Agent`` over the eight tools (10 s timeout) with ``settings``' loop config."""
+    """An ``Agent`` over the eight shipped tools (10 s timeout) with ``settings``' loop
+    config."""
     tools = LocalToolExecutor(
-        build_default_registry(timeout_seconds=10.0),
+        shipped_registry(timeout_seconds=10.0),
         downstream=downstream,
         authorizer=authorizer,
         retriever=retriever,

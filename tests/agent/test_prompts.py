@@ -20,10 +20,11 @@ from agent.prompts import (
     is_refusal,
     load_system_prompt,
 )
-from agent.tools import Tool, build_default_registry
+from agent.tools import Tool
 from agent.tools.search_docs import SearchDocs
 from agent.tools.sensor import GetLatestSensorData, GetSensorHistory, ListSensors
 from agent.tools.twin import GetBuilding, GetRoom, GetRoomOccupancy, ListBuildings
+from tests.shipped_tools import shipped_registry
 
 # sha256 of the renderings with the default registry, recorded BEFORE the per-tool prompt text
 # (guidance lines, worked examples) moved onto the tool classes: moving it changed no byte.
@@ -47,20 +48,20 @@ def sha256(text: str) -> str:
 
 @pytest.mark.parametrize(("version", "mode"), sorted(PINNED_PROMPTS))
 def test_rendered_prompts_are_pinned(version: str, mode: Mode) -> None:
-    text = load_system_prompt(version).render(mode, build_default_registry().specs())
+    text = load_system_prompt(version).render(mode, shipped_registry().specs())
     digest = sha256(text)
     assert digest == PINNED_PROMPTS[(version, mode)], f"the prompt changed; now {digest}"
 
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_response_format_is_pinned(strict: bool) -> None:
-    schema = response_format(build_default_registry().specs(), strict=strict)
+    schema = response_format(shipped_registry().specs(), strict=strict)
     digest = sha256(json.dumps(schema))
     assert digest == PINNED_RESPONSE_FORMATS[strict], f"the schema changed; now {digest}"
 
 
 def test_what_the_prompt_says_about_a_tool_comes_from_the_tool() -> None:
-    specs = build_default_registry().specs()
+    specs = shipped_registry().specs()
     new = ToolSpec(
         "get_floor",
         "One floor of a building.",
@@ -101,7 +102,7 @@ def test_every_worked_example_is_a_valid_call(tool: type[Tool[Any, Any]]) -> Non
 
 
 def test_a_tool_not_offered_leaves_no_trace_in_the_prompt() -> None:
-    specs = [s for s in build_default_registry().specs() if s.name != "list_sensors"]
+    specs = [s for s in shipped_registry().specs() if s.name != "list_sensors"]
     for version in ("v1", "v2"):
         text = load_system_prompt(version).render("json_schema", specs)
         assert "list_sensors" not in text
@@ -109,10 +110,10 @@ def test_a_tool_not_offered_leaves_no_trace_in_the_prompt() -> None:
 
 
 def test_v2_extra_examples_follow_search_docs_own() -> None:
-    text = load_system_prompt("v2").render("json_schema", build_default_registry().specs())
+    text = load_system_prompt("v2").render("json_schema", shipped_registry().specs())
     own, extra = text.index("How do I set up an occupancy alert?"), text.index("CV-E2001 mean?")
     assert own < extra < text.index("(after the tools returned nothing")
-    no_docs = [s for s in build_default_registry().specs() if s.name != "search_docs"]
+    no_docs = [s for s in shipped_registry().specs() if s.name != "search_docs"]
     assert "CV-E2001 mean?" not in load_system_prompt("v2").render("json_schema", no_docs)
 
 
@@ -127,7 +128,7 @@ def test_native_prompt_names_both_markers() -> None:
 
 
 def test_json_schema_prompt_has_the_step_format_and_examples() -> None:
-    specs = build_default_registry().specs()
+    specs = shipped_registry().specs()
     text = load_system_prompt().render("json_schema", specs)
     assert '"decline": true' in text and '"idk": true' in text
     assert IDK_MARKER not in text  # the service writes the IDK text in this mode
@@ -169,7 +170,7 @@ def test_marker_detection(text: str | None, idk: bool, refusal: bool) -> None:
 
 def test_the_documentation_answer_prompt_is_json_schema_only_and_lists_the_offered_tools() -> None:
     prompt = load_system_prompt("v1")
-    specs = build_default_registry().specs()
+    specs = shipped_registry().specs()
     search = [spec for spec in specs if spec.name == "search_docs"]
     text = prompt.render_answer("json_schema", search)
     assert text is not None and "{{" not in text
@@ -185,7 +186,7 @@ def test_the_two_answer_prompts_open_differently() -> None:
     rest again) instead of restoring the full match from its RAM cache: the documentation
     and the live answer prompts must part within their first words."""
     prompt = load_system_prompt("v1")
-    specs = build_default_registry().specs()
+    specs = shipped_registry().specs()
     docs = prompt.render_answer("json_schema", specs) or ""
     live = prompt.render_answer("json_schema", specs, live=True) or ""
     shared = next(i for i, (a, b) in enumerate(zip(docs, live, strict=False)) if a != b)

@@ -26,6 +26,7 @@ from serve_app.api.single_process import create_single_process_app
 from serve_app.authz import CedarAuthorizer, load_authorizer
 from serve_app.local_backend import LocalBackend
 from serve_app.wiring import build_local_backend
+from tests.shipped_tools import shipped_registry
 
 PINNED = "2025-03-04T10:30:00Z"
 
@@ -111,6 +112,7 @@ async def make_backend(
 
     def make(settings: Settings, **kwargs: Any) -> LocalBackend:
         kwargs.setdefault("embedder", minilm)
+        kwargs.setdefault("registry", shipped_registry())  # what the route tests pin
         backend = build_local_backend(settings, authorizer=authorizer, **kwargs)
         built.append(backend)
         return backend
