@@ -11,24 +11,30 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from foundation.records import CitationOut, ToolCallTrace
+
+__all__ = [
+    "AgentAnswer",
+    "AgentError",
+    "AgentEvent",
+    "CitationEvent",
+    "CitationOut",
+    "CostOut",
+    "Decision",
+    "DoneEvent",
+    "HopUsageOut",
+    "ProgressEvent",
+    "ProgressStage",
+    "RetrievalOut",
+    "TokenEvent",
+    "ToolCallTrace",
+    "ToolEvent",
+    "UsageOut",
+]
+
 Decision = Literal[
     "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
 ]
-
-
-class CitationOut(BaseModel):
-    chunk_id: str
-    source: str
-    section: str | None
-    snippet: str
-
-
-class ToolCallTrace(BaseModel):
-    name: str
-    arguments: dict[str, Any]
-    ok: bool
-    error: str | None = None
-    duration_ms: float
 
 
 class HopUsageOut(BaseModel):

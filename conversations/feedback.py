@@ -26,13 +26,9 @@ from typing import Any, Literal, Protocol
 
 import asyncpg
 
-from conversations.store import (
-    Citation,
-    ConversationStore,
-    NoSuchConversation,
-    ToolCallRecord,
-)
+from conversations.store import ConversationStore, NoSuchConversation
 from foundation.database import open_pool_at_head
+from foundation.records import CitationOut, ToolCallTrace
 
 Rating = Literal["up", "down"]
 RATINGS: tuple[Rating, ...] = ("up", "down")
@@ -98,8 +94,8 @@ class RatedTurn:
     answer: str
     decision: str
     trace_id: str | None
-    citations: tuple[Citation, ...]
-    tool_calls: tuple[ToolCallRecord, ...]
+    citations: tuple[CitationOut, ...]
+    tool_calls: tuple[ToolCallTrace, ...]
     rating: Rating
     comment: str | None
     expected_answer: str | None
@@ -271,8 +267,8 @@ def _rated(row: asyncpg.Record) -> RatedTurn:
         answer=row["answer"],
         decision=row["decision"],
         trace_id=row["trace_id"],
-        citations=tuple(Citation(**item) for item in _json_list(row["citations"])),
-        tool_calls=tuple(ToolCallRecord(**item) for item in _json_list(row["tool_calls"])),
+        citations=tuple(CitationOut(**item) for item in _json_list(row["citations"])),
+        tool_calls=tuple(ToolCallTrace(**item) for item in _json_list(row["tool_calls"])),
         rating=row["rating"],
         comment=row["comment"],
         expected_answer=row["expected_answer"],

@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
 
 from foundation.database import open_pool_at_head
+from foundation.records import CitationOut, ToolCallTrace
 
 JsonObject = dict[str, Any]
 
@@ -56,27 +57,6 @@ class ConversationFull(ConversationStoreError):
 
 
 @dataclass(frozen=True)
-class Citation:
-    """A chunk the answer cited, by its id (with what the caller was shown of it)."""
-
-    chunk_id: str
-    source: str
-    section: str | None
-    snippet: str
-
-
-@dataclass(frozen=True)
-class ToolCallRecord:
-    """One tool call of the turn's trace (the call, not its result)."""
-
-    name: str
-    arguments: JsonObject
-    ok: bool
-    error: str | None
-    duration_ms: float
-
-
-@dataclass(frozen=True)
 class TurnRecord:
     """One question and what answered it: what ``start`` and ``append`` write."""
 
@@ -86,8 +66,8 @@ class TurnRecord:
     idk: bool
     model: str
     trace_id: str | None = None
-    citations: tuple[Citation, ...] = ()
-    tool_calls: tuple[ToolCallRecord, ...] = ()
+    citations: tuple[CitationOut, ...] = ()
+    tool_calls: tuple[ToolCallTrace, ...] = ()
     usage: JsonObject = field(default_factory=dict)
     cost: JsonObject = field(default_factory=dict)
 
@@ -238,8 +218,8 @@ def _conversation(row: asyncpg.Record) -> Conversation:
 
 
 def _turn(row: asyncpg.Record) -> Turn:
-    citations = tuple(Citation(**item) for item in json.loads(row["citations"]))
-    tool_calls = tuple(ToolCallRecord(**item) for item in json.loads(row["tool_calls"]))
+    citations = tuple(CitationOut(**item) for item in json.loads(row["citations"]))
+    tool_calls = tuple(ToolCallTrace(**item) for item in json.loads(row["tool_calls"]))
     return Turn(
         number=row["turn"],
         created_at=row["created_at"],
@@ -266,8 +246,8 @@ def _turn_args(conversation_id: uuid.UUID, number: int, record: TurnRecord) -> S
         _clean(record.answer),
         record.decision,
         record.idk,
-        _json([asdict(c) for c in record.citations]),
-        _json([asdict(t) for t in record.tool_calls]),
+        _json([c.model_dump(mode="json") for c in record.citations]),
+        _json([t.model_dump(mode="json") for t in record.tool_calls]),
         _json(record.usage),
         _json(record.cost),
         _clean(record.model),

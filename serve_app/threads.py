@@ -52,7 +52,6 @@ from agent.llm.base import Message
 from agent.turns import PriorTurn
 from conversations.recheck import cited_chunk_ids, recheck
 from conversations.store import (
-    Citation,
     Conversation,
     ConversationFull,
     ConversationPage,
@@ -62,7 +61,6 @@ from conversations.store import (
     NoSuchConversation,
     PageCursor,
     PgConversationStore,
-    ToolCallRecord,
     Turn,
     TurnRecord,
 )
@@ -226,20 +224,8 @@ def turn_record(question: str, answer: AgentAnswer) -> TurnRecord:
         idk=answer.idk,
         model=answer.model,
         trace_id=answer.trace_id,
-        citations=tuple(
-            Citation(chunk_id=c.chunk_id, source=c.source, section=c.section, snippet=c.snippet)
-            for c in answer.citations
-        ),
-        tool_calls=tuple(
-            ToolCallRecord(
-                name=t.name,
-                arguments=dict(t.arguments),
-                ok=t.ok,
-                error=t.error,
-                duration_ms=t.duration_ms,
-            )
-            for t in answer.tool_calls
-        ),
+        citations=tuple(answer.citations),  # the answer's own types: nothing repacked
+        tool_calls=tuple(answer.tool_calls),
         usage=answer.usage.model_dump(mode="json"),
         cost=answer.cost.model_dump(mode="json"),
     )

@@ -18,16 +18,16 @@ import pytest
 from conversations.memory import InMemoryConversationStore
 from conversations.store import (
     TITLE_CHARS,
-    Citation,
     ConversationFull,
     ConversationStore,
     NoSuchConversation,
     PgConversationStore,
-    ToolCallRecord,
     TurnRecord,
     title_of,
 )
 from foundation.database import DatabaseError
+from foundation.records import CitationOut as Citation
+from foundation.records import ToolCallTrace as ToolCallRecord
 
 
 def record(question: str = "How busy is Harbor Warehouse?", **fields: Any) -> TurnRecord:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from conversations.recheck import WITHHELD_ANSWER, cited_chunk_ids, recheck
-from conversations.store import Citation, ToolCallRecord, Turn, TurnRecord
+from conversations.store import Turn, TurnRecord
+from foundation.records import CitationOut as Citation
+from foundation.records import ToolCallTrace
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
@@ -27,7 +29,11 @@ def turn(number: int, answer: str, *chunk_ids: str) -> Turn:
         idk=False,
         model="m",
         citations=tuple(cite(c) for c in chunk_ids),
-        tool_calls=(ToolCallRecord("search_docs", {"query": "q"}, True, None, 1.0),),
+        tool_calls=(
+            ToolCallTrace(
+                name="search_docs", arguments={"query": "q"}, ok=True, error=None, duration_ms=1.0
+            ),
+        ),
     )
     return Turn(number=number, created_at=NOW, record=record)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from agent.turns import MAX_EARLIER, PriorTurn
-from conversations.store import ToolCallRecord, Turn, TurnRecord
+from conversations.store import Turn, TurnRecord
+from foundation.records import ToolCallTrace as ToolCallRecord
 from serve_app.history import prior_turns
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)

@@ -111,20 +111,8 @@ def turn_out(turn: Turn) -> TurnOut:
         question=record.question,
         answer=record.answer,
         answer_withheld=turn.answer_withheld,
-        citations=[
-            CitationOut(chunk_id=c.chunk_id, source=c.source, section=c.section, snippet=c.snippet)
-            for c in record.citations
-        ],
-        tool_calls=[
-            ToolCallTrace(
-                name=t.name,
-                arguments=t.arguments,
-                ok=t.ok,
-                error=t.error,
-                duration_ms=t.duration_ms,
-            )
-            for t in record.tool_calls
-        ],
+        citations=list(record.citations),  # stored as the answer's own types
+        tool_calls=list(record.tool_calls),
         decision=record.decision,  # type: ignore[arg-type]  # stored from a Decision
         idk=record.idk,
         usage=UsageOut.model_validate(record.usage),

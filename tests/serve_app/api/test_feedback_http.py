@@ -30,8 +30,9 @@ import pytest
 from api_helpers import ADMIN, NORTHWIND_STAFF, is_envelope
 from fastapi import FastAPI
 
-from conversations.store import Citation, PgConversationStore, ToolCallRecord, TurnRecord
+from conversations.store import PgConversationStore, TurnRecord
 from evals.dataset import load_dataset
+from foundation.records import CitationOut, ToolCallTrace
 from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from local_world.servers import run_in_thread
@@ -143,9 +144,22 @@ async def test_feedback_round_trips_to_golden_rows_the_eval_loader_accepts(
                     model="local/scripted",
                     trace_id=DOC_TRACE,
                     citations=(
-                        Citation("c0ffee000001", "user/alerts.md", "Cooldown", "15 minutes"),
+                        CitationOut(
+                            chunk_id="c0ffee000001",
+                            source="user/alerts.md",
+                            section="Cooldown",
+                            snippet="15 minutes",
+                        ),
                     ),
-                    tool_calls=(ToolCallRecord("search_docs", {"query": "q"}, True, None, 3.0),),
+                    tool_calls=(
+                        ToolCallTrace(
+                            name="search_docs",
+                            arguments={"query": "q"},
+                            ok=True,
+                            error=None,
+                            duration_ms=3.0,
+                        ),
+                    ),
                 ),
             )
         finally:
