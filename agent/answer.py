@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from foundation.records import CitationOut, ToolCallTrace
+from foundation.records import CitationOut, CostOut, HopUsageOut, ToolCallTrace, UsageOut
 
 __all__ = [
     "AgentAnswer",
@@ -35,23 +35,6 @@ __all__ = [
 Decision = Literal[
     "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
 ]
-
-
-class HopUsageOut(BaseModel):
-    hop: int
-    input_tokens: int
-    output_tokens: int
-
-
-class UsageOut(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    hops: list[HopUsageOut] = Field(default_factory=list)
-
-
-class CostOut(BaseModel):
-    estimated_usd: float | None = None
-    provider_usd: float | None = None
 
 
 class RetrievalOut(BaseModel):

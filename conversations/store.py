@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from foundation.database import open_pool_at_head
-from foundation.records import CitationOut, ToolCallTrace
+from foundation.records import CitationOut, CostOut, ToolCallTrace, UsageOut
 
 JsonObject = dict[str, Any]
 
@@ -68,8 +68,8 @@ class TurnRecord:
     trace_id: str | None = None
     citations: tuple[CitationOut, ...] = ()
     tool_calls: tuple[ToolCallTrace, ...] = ()
-    usage: JsonObject = field(default_factory=dict)
-    cost: JsonObject = field(default_factory=dict)
+    usage: UsageOut = field(default_factory=UsageOut)
+    cost: CostOut = field(default_factory=CostOut)
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,8 @@ def _turn(row: asyncpg.Record) -> Turn:
             trace_id=row["trace_id"],
             citations=citations,
             tool_calls=tool_calls,
-            usage=json.loads(row["usage"]),
-            cost=json.loads(row["cost"]),
+            usage=UsageOut.model_validate(json.loads(row["usage"])),
+            cost=CostOut.model_validate(json.loads(row["cost"])),
         ),
     )
 
@@ -248,8 +248,8 @@ def _turn_args(conversation_id: uuid.UUID, number: int, record: TurnRecord) -> S
         record.idk,
         _json([c.model_dump(mode="json") for c in record.citations]),
         _json([t.model_dump(mode="json") for t in record.tool_calls]),
-        _json(record.usage),
-        _json(record.cost),
+        _json(record.usage.model_dump(mode="json")),
+        _json(record.cost.model_dump(mode="json")),
         _clean(record.model),
         None if record.trace_id is None else _clean(record.trace_id),
         # created_at: the transaction's time, as the conversation's updated_at

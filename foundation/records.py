@@ -1,15 +1,15 @@
-"""What an answer cites and which tools it called, as one type from the agent's answer to
-the ``/ask`` response to the stored turn (``conversations``) and back out of
-``GET /conversations``: each layer keeps these, never a copy of its own shape. Pydantic, so
-they serialise as they are and cross a Ray Serve handle unchanged."""
+"""What an answer cites, which tools it called and what it used (tokens, cost), as one type
+from the agent's answer to the ``/ask`` response to the stored turn (``conversations``) and
+back out of ``GET /conversations``: each layer keeps these, never a copy of its own shape.
+Pydantic, so they serialise as they are and cross a Ray Serve handle unchanged."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CitationOut", "ToolCallTrace"]
+__all__ = ["CitationOut", "CostOut", "HopUsageOut", "ToolCallTrace", "UsageOut"]
 
 
 class CitationOut(BaseModel):
@@ -33,3 +33,25 @@ class ToolCallTrace(BaseModel):
     ok: bool
     error: str | None = None
     duration_ms: float
+
+
+class HopUsageOut(BaseModel):
+    hop: int
+    input_tokens: int
+    output_tokens: int
+
+
+class UsageOut(BaseModel):
+    """Tokens a run used, in all and per model call (``hops``)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    hops: list[HopUsageOut] = Field(default_factory=list)
+
+
+class CostOut(BaseModel):
+    """What a run cost: the list-price estimate, and the provider's own figure when it
+    reports one."""
+
+    estimated_usd: float | None = None
+    provider_usd: float | None = None

@@ -226,8 +226,8 @@ def turn_record(question: str, answer: AgentAnswer) -> TurnRecord:
         trace_id=answer.trace_id,
         citations=tuple(answer.citations),  # the answer's own types: nothing repacked
         tool_calls=tuple(answer.tool_calls),
-        usage=answer.usage.model_dump(mode="json"),
-        cost=answer.cost.model_dump(mode="json"),
+        usage=answer.usage,
+        cost=answer.cost,
     )
 
 

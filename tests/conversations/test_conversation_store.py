@@ -27,6 +27,7 @@ from conversations.store import (
 )
 from foundation.database import DatabaseError
 from foundation.records import CitationOut as Citation
+from foundation.records import CostOut, UsageOut
 from foundation.records import ToolCallTrace as ToolCallRecord
 
 
@@ -55,8 +56,8 @@ def record(question: str = "How busy is Harbor Warehouse?", **fields: Any) -> Tu
                 duration_ms=12.5,
             ),
         ),
-        "usage": {"input_tokens": 10, "output_tokens": 5, "hops": []},
-        "cost": {"estimated_usd": 0.0001, "provider_usd": None},
+        "usage": UsageOut(input_tokens=10, output_tokens=5, hops=[]),
+        "cost": CostOut(estimated_usd=0.0001, provider_usd=None),
     }
     values.update(fields)
     return TurnRecord(**values)

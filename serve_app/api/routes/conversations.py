@@ -115,8 +115,8 @@ def turn_out(turn: Turn) -> TurnOut:
         tool_calls=list(record.tool_calls),
         decision=record.decision,  # type: ignore[arg-type]  # stored from a Decision
         idk=record.idk,
-        usage=UsageOut.model_validate(record.usage),
-        cost=CostOut.model_validate(record.cost),
+        usage=record.usage,
+        cost=record.cost,
         model=record.model,
         trace_id=record.trace_id,
         created_at=turn.created_at,
