@@ -11,6 +11,7 @@ tests/test_layering.py allows.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
@@ -44,9 +45,8 @@ _HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
-def _prose_lines(text: str) -> list[str]:
-    """The lines outside fenced code blocks, with inline code spans blanked."""
-    lines: list[str] = []
+def _outside_fences(text: str) -> Iterator[str]:
+    """The lines of ``text`` outside fenced code blocks."""
     fence: str | None = None
     for line in text.splitlines():
         match = _FENCE.match(line)
@@ -57,8 +57,12 @@ def _prose_lines(text: str) -> list[str]:
             if line.strip().startswith(fence):
                 fence = None
             continue
-        lines.append(_INLINE_CODE.sub("``", line))
-    return lines
+        yield line
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks, with inline code spans blanked."""
+    return [_INLINE_CODE.sub("``", line) for line in _outside_fences(text)]
 
 
 def github_slug(heading: str) -> str:
@@ -77,17 +81,7 @@ def anchors(page: Path) -> frozenset[str]:
     ``-2``, ...), plus explicit ``<a name|id="...">`` anchors."""
     found: set[str] = set()
     seen: dict[str, int] = {}
-    text = page.read_text(encoding="utf-8")
-    fence: str | None = None
-    for line in text.splitlines():
-        match = _FENCE.match(line)
-        if fence is None and match:
-            fence = match.group(1)[0] * len(match.group(1))
-            continue
-        if fence is not None:
-            if line.strip().startswith(fence):
-                fence = None
-            continue
+    for line in _outside_fences(page.read_text(encoding="utf-8")):
         heading = _HEADING.match(line)
         if heading:
             slug = github_slug(heading.group(2))

@@ -61,7 +61,6 @@ class _PlannedRun:
 
     def __init__(self, start: RunStart, *, compose: bool, rewriter: QueryRewriter) -> None:
         self.start = start
-        self.rewriter = rewriter
         self.planner = Planner(
             start.kit.tools, compose=compose, rewriter=rewriter, earlier=start.earlier
         )
@@ -81,7 +80,7 @@ class _PlannedRun:
         if self.plan is None:  # pragma: no cover - plan() always ends with its Plan
             return
         if self.plan.rewrite is not None:
-            _record_rewrite(start.trace, self.plan.rewrite, self.rewriter.name)
+            _record_rewrite(start.trace, self.plan.rewrite, self.planner.rewriter.name)
         if self.plan.decision.wants_docs:
             prompt = _system_prompt(start.kit, self.plan.decision.route, start.specs)
             start.run.messages[0] = Message("system", prompt)

@@ -21,10 +21,7 @@ from agent.prompts import (
     load_system_prompt,
 )
 from agent.tools import Tool
-from agent.tools.search_docs import SearchDocs
-from agent.tools.sensor import GetLatestSensorData, GetSensorHistory, ListSensors
-from agent.tools.twin import GetBuilding, GetRoom, GetRoomOccupancy, ListBuildings
-from tests.shipped_tools import shipped_registry
+from tests.shipped_tools import SHIPPED_TOOLS, shipped_registry
 
 # sha256 of the renderings with the default registry, recorded BEFORE the per-tool prompt text
 # (guidance lines, worked examples) moved onto the tool classes: moving it changed no byte.
@@ -83,19 +80,7 @@ def test_what_the_prompt_says_about_a_tool_comes_from_the_tool() -> None:
     assert text.index("What is on floor 2?") < text.index("Which rooms are in building")
 
 
-@pytest.mark.parametrize(
-    "tool",
-    [
-        SearchDocs,
-        ListBuildings,
-        GetBuilding,
-        GetRoom,
-        GetRoomOccupancy,
-        GetLatestSensorData,
-        GetSensorHistory,
-        ListSensors,
-    ],
-)
+@pytest.mark.parametrize("tool", SHIPPED_TOOLS)
 def test_every_worked_example_is_a_valid_call(tool: type[Tool[Any, Any]]) -> None:
     for example in tool.examples:
         tool.args_model.model_validate(dict(example.arguments))
