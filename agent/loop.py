@@ -56,7 +56,7 @@ from agent.strategy import AgenticStrategy, AgentKit, RunHooks, RunStart, RunStr
 from agent.streaming import stream_hop
 from agent.tool_calls import run_tool_calls
 from agent.tools.executor import ToolExecutor, ToolRequest
-from agent.turns import prior_turns_from_history
+from agent.turns import MAX_EARLIER, history_messages
 from agent.usage import PriceTable, RunUsage, default_price_table
 from foundation.identity import AuthUser
 from foundation.observability.attributes import provider_name
@@ -90,6 +90,9 @@ class AgentConfig:
     # None: the strategy's default (``RunStrategy.repairs_by_default``).
     repair_ungrounded: bool | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # between ``waiting`` events
+    # HISTORY_MAX_TOKENS: the earlier turns the model is shown (``agent.turns``). None: all;
+    # 0: none, and none for the strategy either.
+    history_max_tokens: int | None = None
 
 
 class Agent:
@@ -183,12 +186,9 @@ class Agent:
         self, request: AgentRequest, *, streaming: bool
     ) -> AsyncGenerator[AgentEvent, None]:
         """The loop inside its run trace (``agent.answer``), started on the first event."""
-        question, user, model, history = (
-            request.question,
-            request.user,
-            request.model,
-            request.history,
-        )
+        question, user, model = request.question, request.user, request.model
+        budget = self.config.history_max_tokens
+        history = history_messages(request.earlier, max_tokens=budget)
         answering = model or self.llm.default_model
         trace = RunTrace.start(
             self.observer,
@@ -213,7 +213,7 @@ class Agent:
             ],
             trace_id=trace.trace_id,
         )
-        earlier = request.earlier or prior_turns_from_history(history)
+        earlier = request.earlier[-MAX_EARLIER:] if budget != 0 else ()
         hooks = self.strategy.begin(RunStart(run, self.kit, specs, model, earlier, trace))
         loop = self._loop(run, hooks, streaming, trace)
         # ``started`` goes out before any work, so a caller hears back at once.

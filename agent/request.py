@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict, Unpack
 
-from agent.llm.base import Message
 from agent.turns import PriorTurn
 from foundation.identity import AuthUser
 
@@ -18,16 +17,15 @@ __all__ = ["AgentRequest", "RequestFields"]
 class AgentRequest:
     """``question`` asked by ``user``. ``model``: an override already checked against the
     override policy (None: the client's default). ``top_k``: chunks per search (None:
-    TOP_K_FINAL). ``history``: earlier turns as ``user``/``assistant`` messages, oldest
-    first, fitted to the caller's token budget; ``earlier``: the same turns as a strategy
-    reads them (empty: read back from ``history``). ``trace_context``: the caller's W3C
-    trace carrier, attached by whoever runs the agent in another process."""
+    TOP_K_FINAL). ``earlier``: the caller's earlier turns of this conversation as the caller
+    may be shown them now, oldest first; the agent derives the model's history (fitted to its
+    budget) and what its strategy reads from them (``agent.turns``). ``trace_context``: the
+    caller's W3C trace carrier, attached by whoever runs the agent in another process."""
 
     question: str
     user: AuthUser
     model: str | None = None
     top_k: int | None = None
-    history: tuple[Message, ...] = ()
     earlier: tuple[PriorTurn, ...] = ()
     trace_context: Mapping[str, str] = field(default_factory=dict)
 
@@ -39,7 +37,6 @@ class AgentRequest:
             user,
             model=fields.get("model"),
             top_k=fields.get("top_k"),
-            history=tuple(fields.get("history", ())),
             earlier=tuple(fields.get("earlier", ())),
         )
 
@@ -49,5 +46,4 @@ class RequestFields(TypedDict, total=False):
 
     model: str | None
     top_k: int | None
-    history: Sequence[Message]
     earlier: Sequence[PriorTurn]

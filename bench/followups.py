@@ -65,7 +65,7 @@ import httpx
 from pydantic import ValidationError
 
 from agent.answer import AgentAnswer
-from agent.llm.base import ChatRequest, ChatResult, Message
+from agent.llm.base import ChatRequest, ChatResult
 from agent.loop import Agent
 from agent.small_model.entities import NamedEntity, ids_in_text, match_names
 from agent.small_model.followups import (
@@ -268,18 +268,16 @@ async def run_conversation(
     agent: Agent, conversation: Conversation, condition: str, dataset: FollowupDataset
 ) -> list[E2ERow]:
     user = user_of(conversation.caller)
-    history: list[Message] = []
     earlier: list[PriorTurn] = []
     rows: list[E2ERow] = []
     for index, turn in enumerate(conversation.turns):
         question = turn.question
         if condition == "standalone" and index > 0 and turn.standalone:
             question = turn.standalone
-        answer = await agent.answer(question, user, history=tuple(history), earlier=earlier)
+        answer = await agent.answer(question, user, earlier=earlier)
         if index > 0:
             rows.append(e2e_row(conversation, index, condition, question, answer, dataset))
         earlier.append(prior_turn(question, answer.answer, answer.tool_calls))
-        history += [Message("user", question), Message("assistant", answer.answer)]
     return rows
 
 

@@ -904,7 +904,7 @@ class LocalLLMSection(Section):
 
 class ConversationsSection(Section):
     """Stored conversations and the history a follow-up is sent with (conversations,
-    serve_app.threads, serve_app.history)."""
+    serve_app.threads, agent.turns)."""
 
     max_turns: int = Field(
         default=50,
@@ -920,7 +920,7 @@ class ConversationsSection(Section):
         le=1_000_000,
         validation_alias="HISTORY_MAX_TOKENS",
         description="Estimated tokens of earlier turns sent with a follow-up question (newest "
-        "whole turns first; serve_app.history). Unset: 256 in `json_schema` mode (the small "
+        "whole turns first; agent.turns). Unset: 256 in `json_schema` mode (the small "
         "local models: a 4096-token context, ~40 prompt tokens/s on 2 cores), 4000 in "
         "`native` mode. 0: no history.",
     )

@@ -12,7 +12,7 @@ allowance (``X-RateLimit-*``, ``X-Budget-*``).
 After the run, ``Admission.record`` adds its tokens (input + output) and cost
 (``cost.provider_usd``, else ``cost.estimated_usd``) to the budgets, provider errors
 included (their tokens were spent). A stream is charged through ``Admission.metered``: its
-``token`` events are counted as they pass (estimated with ``serve_app.history``'s estimate,
+``token`` events are counted as they pass (estimated with ``agent.turns``' estimate,
 plus the question's and the history's), and a stream whose estimate crosses the token (or
 cost) budget left at admission is cut: the run is cancelled and the stream ends with an
 ``error`` event (``budget_exceeded``). What a stream that did not finish spent (cut, or the
@@ -37,12 +37,12 @@ from typing import Protocol
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent, ProgressEvent, TokenEvent
 from agent.llm.base import Message, Usage
+from agent.turns import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from agent.usage import estimate_cost
 from foundation.database import resolve_database_url
 from foundation.identity import AuthUser
 from foundation.settings import Settings
 from serve_app.backend_errors import BackendError
-from serve_app.history import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from serve_app.lazy import OpenedOnFirstUse
 from serve_app.metrics import MetricsSink, limit_measurement
 from usage_limits.core import (

@@ -4,8 +4,9 @@ run is stored as one whole turn.
 Before the run (``open_thread``): a ``conversation_id`` must name one of the caller's
 conversations (else ``ConversationNotFound``, 404, the same message for an unknown id and
 another caller's) that is not full (else ``ConversationFullError``, 409), so a refused
-question spends no model call; its newest turns that fit in ``HISTORY_MAX_TOKENS`` become
-the run's history (``serve_app.history``). Without one, the run starts a new conversation.
+question spends no model call; its turns become the run's ``earlier`` turns
+(``serve_app.history``), which the agent fits to ``HISTORY_MAX_TOKENS``. Without one, the
+run starts a new conversation.
 
 Where the write happens, and why a disconnect cannot leave half a turn: the turn is written
 once the run has finished, when its final answer (the JSON answer, or the stream's ``done``
@@ -24,8 +25,8 @@ database cannot be reached when the turn is written, the answer is still returne
 ``turn: null`` (and, for a new conversation, ``conversation_id: null``) and a note saying it
 was not stored.
 
-Read-time permissions (``conversations.recheck``): the turns that become the run's history
-are first re-checked against the caller's permissions now (``ChunkVisibility``: the
+Read-time permissions (``conversations.recheck``): the turns that become the run's earlier
+turns are first re-checked against the caller's permissions now (``ChunkVisibility``: the
 knowledge base's ACL rule): a turn whose answer cited a chunk the caller can no longer see
 (narrowed, or gone) goes to the model with ``WITHHELD_ANSWER`` in place of its answer. The
 check fails closed: if it cannot run, the question is refused with 503.
@@ -48,7 +49,6 @@ import asyncpg
 from pydantic import Field
 
 from agent.answer import AgentAnswer, AgentEvent, DoneEvent
-from agent.llm.base import Message
 from agent.turns import PriorTurn
 from conversations.recheck import cited_chunk_ids, recheck
 from conversations.store import (
@@ -73,7 +73,7 @@ from serve_app.backend import (
     ConversationNotFound,
     ConversationsUnavailable,
 )
-from serve_app.history import history_messages, prior_turns
+from serve_app.history import prior_turns
 from serve_app.knowledge import LazyStore
 from serve_app.lazy import OpenedOnFirstUse
 
@@ -240,9 +240,8 @@ class Thread:
     question: str
     conversation_id: uuid.UUID | None
     max_turns: int
-    history: tuple[Message, ...] = ()  # what the model is given of the earlier turns
-    # What the follow-up rewriter reads of them (the same re-checked turns;
-    # agent.small_model.followups)
+    # The conversation's turns as the caller may be shown them now, oldest first: the agent
+    # derives the model's history and what its strategy reads from them (agent.turns).
     earlier: tuple[PriorTurn, ...] = ()
 
     def _response(
@@ -342,11 +341,9 @@ async def open_thread(
     """The ``/ask``'s thread, checked before any model call: ``ConversationNotFound`` (not
     the caller's), ``ConversationFullError`` (``max_turns`` reached), or
     ``ConversationsUnavailable`` (the database is down) for an existing conversation, whose
-    newest turns within ``history_max_tokens``, re-checked with ``can_see`` (the chunks the
-    caller may see now; None: none, so every answer that cited one is withheld), become the
-    thread's ``history``; the newest of the same re-checked turns, whatever the budget, its
-    ``earlier`` (what the follow-up rewriter reads; none at a budget of 0)."""
-    history: tuple[Message, ...] = ()
+    turns, re-checked with ``can_see`` (the chunks the caller may see now; None: none, so
+    every answer that cited one is withheld), become the thread's ``earlier`` (none at a
+    ``history_max_tokens`` of 0: the agent would use none, so none is read)."""
     earlier: tuple[PriorTurn, ...] = ()
     if conversation_id is not None:
         found = await store.read(user.sub, conversation_id)
@@ -356,15 +353,12 @@ async def open_thread(
         if conversation.turn_count >= max_turns:
             raise ConversationFullError(full_message(conversation_id, max_turns))
         if history_max_tokens > 0:
-            seen = await rechecked(turns, can_see)
-            history = history_messages(seen, max_tokens=history_max_tokens)
-            earlier = prior_turns(seen)
+            earlier = prior_turns(await rechecked(turns, can_see))
     return Thread(
         store=store,
         owner=user.sub,
         question=question,
         conversation_id=conversation_id,
         max_turns=max_turns,
-        history=history,
         earlier=earlier,
     )

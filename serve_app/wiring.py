@@ -185,6 +185,7 @@ def agent_config(settings: Settings) -> AgentConfig:
         provider_url=llm.base_url,
         repair_ungrounded=_auto_or_on(agent.grounding_repair),
         heartbeat_seconds=settings.http.stream_heartbeat_seconds,
+        history_max_tokens=settings.resolved_history_max_tokens,
     )
 
 

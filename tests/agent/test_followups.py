@@ -24,7 +24,7 @@ from agent.small_model.followups import (
 )
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
-from agent.turns import PriorTurn, prior_turn, prior_turns_from_history
+from agent.turns import PriorTurn, history_messages, prior_turn, without_markers
 from foundation.observability import attributes as attr
 
 HARBOR = NamedEntity("building", "bld-northwind-harbor", "Harbor Warehouse")
@@ -214,17 +214,19 @@ def test_failed_tool_calls_carry_no_ids() -> None:
     assert turn.entity_ids == ("bld-northwind-harbor", "room-harbor-dock-a", "room-harbor-dock-b")
 
 
-def test_turns_are_read_back_from_history_messages() -> None:
+def test_the_models_history_is_derived_from_the_turns() -> None:
+    """One list of turns in (``AgentRequest.earlier``); the model's messages come from it."""
     history = (
         Message("user", "What does CV-E1033 mean?"),
         Message("assistant", "Clock skew."),
         Message("user", "And CV-E1014?"),
         Message("assistant", "No readings yet."),
     )
-    assert prior_turns_from_history(history) == (
+    turns = (
         PriorTurn("What does CV-E1033 mean?", "Clock skew."),
         PriorTurn("And CV-E1014?", "No readings yet."),
     )
+    assert history_messages(turns, max_tokens=None) == history
 
 
 # --- two-turn threads through the loop --------------------------------------------------------
@@ -258,12 +260,13 @@ async def test_a_documentation_follow_up_searches_the_rewritten_query(
     )
     agent = _planning_agent(make_local_agent, model)
     first = await agent.answer("What does CV-E1033 mean?", ACME_STAFF)
-    history = (Message("user", "What does CV-E1033 mean?"), Message("assistant", first.answer))
+    # What the model is shown of turn 1: its question, its answer without citation markers.
+    history = (
+        Message("user", "What does CV-E1033 mean?"),
+        Message("assistant", without_markers(first.answer)),
+    )
     second = await agent.answer(
-        "How do I fix it?",
-        ACME_STAFF,
-        history=history,
-        earlier=[_turn("What does CV-E1033 mean?", first)],
+        "How do I fix it?", ACME_STAFF, earlier=[_turn("What does CV-E1033 mean?", first)]
     )
     queries = [call["query"] for call in retriever.calls]
     assert queries == ["CV-E1033", "CV-E1033"]  # the code, as the planner searches a code
@@ -308,7 +311,6 @@ async def test_a_live_data_follow_up_grounds_the_carried_building(
     second = await agent.answer(
         follow_up,
         NORTHWIND_STAFF,
-        history=(Message("user", question), Message("assistant", first.answer)),
         earlier=[_turn(question, first)],
     )
     calls = {t.name: t.arguments for t in second.tool_calls}

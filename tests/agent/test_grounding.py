@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from agent.answer import AgentEvent, DoneEvent, TokenEvent
 from agent.grounding import build_evidence, extract_claims, normalize, ungrounded
-from agent.llm.base import Message
 from agent.loop import Agent
 from agent.prompts import IDK_MARKER
+from agent.turns import PriorTurn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -429,8 +429,7 @@ async def test_the_users_own_figures_are_evidence_in_a_conversation(
     (the evidence once read only the conversation's first question, so a follow-up's own
     "55 people" was flagged as invented)."""
     said = "No: 55 people is above what the plan allows."
-    history = (Message("user", earlier), Message("assistant", "It is quiet."))
     answer = await make_local_agent(scripted(mode, Say(said))).answer(
-        now, NORTHWIND_STAFF, history=history
+        now, NORTHWIND_STAFF, earlier=[PriorTurn(earlier, "It is quiet.")]
     )
     assert (answer.decision, answer.answer, answer.retrieval.ungrounded) == ("answered", said, [])

@@ -18,7 +18,7 @@ import pytest
 
 from agent.answer import AgentAnswer, AgentEvent, CitationOut, DoneEvent, TokenEvent
 from agent.request import AgentRequest
-from agent.turns import PriorTurn
+from agent.turns import PriorTurn, history_messages
 from conversations.recheck import WITHHELD_ANSWER
 from deployments.ingress import ServeBackend
 from foundation.settings import Settings
@@ -52,7 +52,7 @@ class _Answer:
                 request.model,
                 request.top_k,
                 request.trace_context,
-                request.history,
+                history_messages(request.earlier, max_tokens=None),  # what the agent derives
                 request.earlier,
             )
         )

@@ -1,15 +1,26 @@
-"""``serve_app.history.prior_turns``: what the follow-up rewriter reads of a thread's stored
-turns (issue 17, item 3): the newest few, oldest first, whatever the model's history budget,
-answers without citation markers, and the entity ids of the successful tool calls only."""
+"""``serve_app.history.prior_turns``: what the agent is handed of a thread's stored turns
+(issue 17, item 3; issue 41, item 3): every turn, oldest first, answers without citation
+markers, and the entity ids of the successful tool calls only. And ``open_thread`` hands
+them to the run."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
-from agent.turns import MAX_EARLIER, PriorTurn
+import pytest
+
+from agent.answer import AgentAnswer
+from agent.turns import MAX_EARLIER, PriorTurn, history_messages
+from conversations.memory import InMemoryConversationStore
 from conversations.store import Turn, TurnRecord
+from foundation.identity import AuthUser
 from foundation.records import ToolCallTrace as ToolCallRecord
+from serve_app.backend import ConversationNotFound
 from serve_app.history import prior_turns
+from serve_app.threads import open_thread, turn_record
+
+NINA = AuthUser("nina", ("business_staff",), ("northwind",))
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
@@ -30,10 +41,12 @@ def call(name: str, ok: bool, **arguments: object) -> ToolCallRecord:
     return ToolCallRecord(name=name, arguments=dict(arguments), ok=ok, error=None, duration_ms=1.0)
 
 
-def test_the_newest_turns_oldest_first_whatever_order_they_come_in() -> None:
+def test_every_turn_oldest_first_whatever_order_they_come_in() -> None:
+    """All of them: the agent takes the newest ``MAX_EARLIER`` for its strategy and fits the
+    model's history to its budget itself (tests/agent/test_turns_history.py)."""
     turns = [turn(n, f"q{n}", f"a{n}") for n in range(1, MAX_EARLIER + 3)]
     got = prior_turns(list(reversed(turns)))
-    assert [t.question for t in got] == [f"q{n}" for n in range(3, MAX_EARLIER + 3)]
+    assert [t.question for t in got] == [f"q{n}" for n in range(1, MAX_EARLIER + 3)]
 
 
 def test_answers_lose_their_markers_and_only_successful_calls_give_ids() -> None:
@@ -54,5 +67,20 @@ def test_answers_lose_their_markers_and_only_successful_calls_give_ids() -> None
     )
 
 
-def test_none_when_limited_to_none() -> None:
-    assert prior_turns([turn(1, "q", "a")], limit=0) == ()
+async def test_open_thread_gives_the_run_the_threads_turns() -> None:
+    store = InMemoryConversationStore()
+    first = AgentAnswer(answer="Harbor is at 40%.", decision="answered", model="m")
+    conversation, _ = await store.start("nina", turn_record("How busy is Harbor?", first))
+    thread = await open_thread(
+        store, NINA, "and its rooms?", conversation.id, max_turns=5, history_max_tokens=256
+    )
+    assert [(m.role, m.content) for m in history_messages(thread.earlier, max_tokens=256)] == [
+        ("user", "How busy is Harbor?"),
+        ("assistant", "Harbor is at 40%."),
+    ]
+    none = await open_thread(store, NINA, "q", conversation.id, max_turns=5)
+    assert none.earlier == ()  # a budget of 0 (the default): no history
+    new = await open_thread(store, NINA, "q", None, max_turns=5, history_max_tokens=256)
+    assert new.earlier == ()
+    with pytest.raises(ConversationNotFound):
+        await open_thread(store, NINA, "q", uuid.uuid4(), max_turns=5, history_max_tokens=256)

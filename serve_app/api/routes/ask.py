@@ -13,8 +13,8 @@ Conversations (``serve_app.threads``): ``conversation_id`` continues one of the 
 conversations (``404`` if it is not one, ``409`` ``conversation_full`` at
 ``CONVERSATION_MAX_TURNS``, both before any model call); without it the question starts a
 new one. The finished run is stored as one turn before its answer is sent, and the answer
-(JSON, or ``done``) carries ``conversation_id`` and ``turn``. The conversation's newest turns
-that fit in ``HISTORY_MAX_TOKENS`` go to the model with the question (``serve_app.history``).
+(JSON, or ``done``) carries ``conversation_id`` and ``turn``. The conversation's turns go to
+the agent, which shows the model the newest that fit in ``HISTORY_MAX_TOKENS`` (``agent.turns``).
 
 SSE (``stream=true``): once auth, validation and the model override pass, the response is
 ``200 text/event-stream`` and the run's outcome travels in the stream: ``progress``
@@ -72,6 +72,7 @@ from agent.answer import (
     ToolEvent,
 )
 from agent.request import AgentRequest
+from agent.turns import history_messages
 from foundation.tracing import carrier_from_headers
 from serve_app.api.deps import AuthorizerDep, BackendDep, CurrentUser, LimitsDep, SettingsDep
 from serve_app.api.errors import INTERNAL_ERROR_MESSAGE, envelope, error_responses
@@ -405,7 +406,6 @@ async def ask(
             user_id=user.sub,
             session_id=request.headers.get(SESSION_HEADER),
         ),
-        history=thread.history,
         earlier=thread.earlier,
     )
     # The caller's rate limits and budgets, last: a request refused for any other reason
@@ -415,7 +415,9 @@ async def ask(
         events = admission.metered(
             within_deadline(backend.ask_stream(params), settings.ask_timeout_seconds),
             question=body.question,
-            history=thread.history,
+            history=history_messages(
+                thread.earlier, max_tokens=settings.resolved_history_max_tokens
+            ),
             model=model,
         )
         return EventSourceResponse(

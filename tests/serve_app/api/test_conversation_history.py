@@ -12,11 +12,11 @@ import httpx
 import pytest
 from api_helpers import NORTHWIND_STAFF
 
+from agent.turns import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from foundation.settings import Settings
 from local_world.scripted_llm import ScriptedLLM
 from serve_app.api.app import create_app
 from serve_app.authz import CedarAuthorizer
-from serve_app.history import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from serve_app.local_backend import LocalBackend
 
 pytestmark = pytest.mark.integration
