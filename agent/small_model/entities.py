@@ -147,10 +147,10 @@ class KnownEntities:
         if entity_id:
             self.ids.setdefault(kind, {}).setdefault(entity_id, None)
 
-    def add_typed(self, text: str, kinds: Sequence[str]) -> None:
+    def add_ids(self, ids: Iterable[str], kinds: Sequence[str]) -> None:
         """Ids the user typed: allowed for every id kind (a typed id that does not exist or
         is not the caller's gets the tools' one not-found answer)."""
-        for entity_id in ids_in_text(text):
+        for entity_id in ids:
             for kind in kinds:
                 self.add(kind, entity_id)
 

@@ -42,26 +42,19 @@ from agent.small_model.composing import compose_greeting, compose_live
 from agent.small_model.entities import (
     KnownEntities,
     NamedEntity,
-    ids_after_word,
-    ids_in_text,
     match_names,
     named_buildings,
     named_rooms,
 )
 from agent.small_model.followups import DeterministicRewriter, QueryRewriter, Rewrite
-from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
+from agent.small_model.intents import LiveIntent
+from agent.small_model.reading import QuestionReading
 from agent.small_model.reference import compose_reference
 from agent.small_model.routing import (
     DOC_SIMILARITY,
     Route,
     RouteDecision,
     RouteSignals,
-    best_coverage,
-    beyond_reading,
-    coverage,
-    is_greeting,
-    live_words,
-    product_words,
 )
 from agent.small_model.routing import route as decide_route
 from agent.tools.executor import ToolExecutor
@@ -76,7 +69,7 @@ from agent.tools.twin import (
     ListBuildings,
 )
 from agent.turns import PriorTurn
-from agent.words import content_words, doc_tokens
+from agent.words import content_words
 from retrieval.search import SearchHit
 
 __all__ = [
@@ -122,7 +115,7 @@ class Plan:
     rewrite: Rewrite | None = None
 
 
-def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
+def _trim(reading: QuestionReading, text: str, limit: int = SNIPPET_CHARS) -> str:
     """The chunk's sentences that match the question best (at least half the best match),
     best first, then the sentence after each one kept (where an explanation usually follows
     its keyword), in their order, within ``limit`` characters; the opening sentences when
@@ -131,7 +124,7 @@ def _trim(question: str, text: str, limit: int = SNIPPET_CHARS) -> str:
     sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
     if sum(len(s) + 1 for s in sentences) <= limit:
         return " ".join(sentences)
-    scores = [coverage(question, sentence) for sentence in sentences]
+    scores = [reading.coverage(sentence) for sentence in sentences]
     best = max(scores)
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))
     matching = [i for i in ranked if best > 0 and scores[i] >= best / 2] or [0]
@@ -166,13 +159,13 @@ def _clip(text: str, limit: int) -> str:
     return head.rsplit(" ", 1)[0].rstrip(" ,;:") + " …"
 
 
-def compact_hits(question: str, hits: Sequence[SearchHit], labels: Sequence[str]) -> str:
+def compact_hits(reading: QuestionReading, hits: Sequence[SearchHit], labels: Sequence[str]) -> str:
     """The search result the model sees: the best chunks, trimmed, each on one line after its
     label and section (plain text: JSON quoting would cost a small model's prompt ~15 tokens
     a chunk; a label is cited in one token, an id in about seven)."""
     lines = [
         f"[{label}] {hit.section}: "
-        f"{_trim(question, hit.text, SNIPPET_CHARS if rank == 0 else RUNNER_UP_CHARS)}"
+        f"{_trim(reading, hit.text, SNIPPET_CHARS if rank == 0 else RUNNER_UP_CHARS)}"
         for rank, (hit, label) in enumerate(zip(hits[:DOC_HITS_SHOWN], labels, strict=False))
     ]
     return "\n".join(lines) if lines else "No documentation matched."
@@ -210,21 +203,12 @@ def _defining_first(hits: Sequence[SearchHit], tokens: Sequence[str]) -> tuple[S
     return (*defining, *(h for h in hits if h not in defining))
 
 
-def _without(question: str, mentions: Sequence[str]) -> str:
-    """The question without the names and ids it mentions: "the Cold Store" or
-    "room-harbor-cold-store" says nothing about temperature."""
-    for mention in sorted(mentions, key=len, reverse=True):
-        if mention.strip():
-            question = re.sub(re.escape(mention), " ", question, flags=re.IGNORECASE)
-    return question
-
-
-def _page_about(question: str, named: Sequence[NamedEntity], hits: Sequence[SearchHit]) -> bool:
+def _page_about(reading: QuestionReading, hits: Sequence[SearchHit]) -> bool:
     """A chunk close to the question names one of its buildings and covers what the question
     asks besides the name and a live reading ("the forklift-shift limit of Dock Hall B at
     Harbor" and Harbor's rules page), not merely the name ("how busy is Harbor Warehouse
     right now" against the page's "ask ... the capacity of Dock Hall B right now")."""
-    words = beyond_reading(_without(question, [entity.name for entity in named]))
+    words = reading.asks_beyond_names
     if len(words) < PAGE_MIN_WORDS:
         return False
     texts = [
@@ -233,35 +217,10 @@ def _page_about(question: str, named: Sequence[NamedEntity], hits: Sequence[Sear
         if (hit.similarity or 0.0) >= DOC_SIMILARITY
     ]
     return any(
-        match_names(text, named) and len(words & content_words(text)) / len(words) >= PAGE_COVERAGE
+        match_names(text, reading.buildings)
+        and len(words & content_words(text)) / len(words) >= PAGE_COVERAGE
         for text in texts
     )
-
-
-def _typed_ids(question: str, kind: str, prefix: str) -> list[str]:
-    """The ids the question types as ``kind``: after the word ("building bld-x") or in the
-    platform's own id scheme ("bld-x", "room-x")."""
-    prefixed = [i for i in ids_in_text(question) if i.startswith(prefix)]
-    return list(dict.fromkeys([*ids_after_word(question, kind), *prefixed]))
-
-
-def _buildings_typed(question: str) -> list[NamedEntity]:
-    """The buildings the question types by id: grounded like named ones, so an unknown or
-    forbidden id gets its not-found answer before the model writes a word."""
-    return [NamedEntity("building", i, i) for i in _typed_ids(question, "building", "bld-")]
-
-
-def _rooms_asked_about(question: str, rooms: Sequence[NamedEntity]) -> list[NamedEntity]:
-    """The rooms the question names, then those it types by id (one of the grounded rooms,
-    or else as typed: the tool answers an unknown or forbidden id with its one not-found
-    result)."""
-    found = list(match_names(question, rooms))
-    by_id = {room.entity_id: room for room in rooms}
-    for room_id in _typed_ids(question, "room", "room-"):
-        room = by_id.get(room_id, NamedEntity("room", room_id, room_id))
-        if room not in found:
-            found.append(room)
-    return found
 
 
 class Planner:
@@ -302,36 +261,32 @@ class Planner:
         buildings: list[NamedEntity] = []
         if ListBuildings.name in names:
             lookup, buildings = await self._buildings(run)
-        asked = question
         rewrite = await self._rewrite(run, question, buildings)
-        question = rewrite.query if rewrite is not None else question
-        entities.add_typed(question, LIVE_KINDS)
-        named = match_names(question, buildings)
-        tokens = doc_tokens(question)
+        reading = QuestionReading.of(rewrite.query if rewrite else question, buildings)
+        entities.add_ids(reading.typed_ids, LIVE_KINDS)
+        named, tokens = list(reading.buildings), reading.tokens
         search: ToolOutcome | None = None
-        greeting = is_greeting(question)
-        if SearchDocs.name in names and not greeting:
+        if SearchDocs.name in names and not reading.greeting:
             # A documented token finds its own section best on its own (keyword search);
             # the whole sentence buries it under the question's common words. A question
             # naming entities is searched too: a page about them ("the forklift-shift
             # limit of Dock Hall B") makes it both, not live data alone.
-            query = " ".join(tokens) if tokens else question
+            query = " ".join(tokens) if tokens else reading.text
             search = await self._execute(run, SearchDocs.name, {"query": query[:500]})
         if search is not None and search.ok and tokens:
             search = dataclasses.replace(search, chunks=_defining_first(search.chunks, tokens))
         hits = list(search.chunks) if search is not None and search.ok else []
-        texts = [hit.text for hit in hits]
         signals = RouteSignals(
-            greeting=greeting,
+            greeting=reading.greeting,
             entities=len(named) + len(entities.ids.get("building", {})),
             doc_tokens_found=any(_names(hit, token) for token in tokens for hit in hits),
             doc_tokens=bool(tokens),
-            doc_coverage=best_coverage(question, texts),
+            doc_coverage=max((reading.coverage(hit.text) for hit in hits), default=0.0),
             doc_similarity=max((hit.similarity or 0.0 for hit in hits), default=0.0),
-            doc_names_entity=_page_about(question, named, hits),
-            building_list=lookup is not None and lookup.ok and asks_for_buildings(question),
-            product_words=product_words(question),
-            live_words=live_words(question),
+            doc_names_entity=_page_about(reading, hits),
+            building_list=lookup is not None and lookup.ok and reading.asks_for_buildings,
+            product_words=reading.product_words,
+            live_words=reading.live_words,
         )
         decision = decide_route(signals)
         run.notes.append(f"route: {decision.route} ({decision.why})")
@@ -343,20 +298,21 @@ class Planner:
             if named and lookup is not None:
                 yield self._traced_lookup(run, lookup)
             known = {building.entity_id for building in named}
-            typed = [b for b in _buildings_typed(question) if b.entity_id not in known]
+            typed = [NamedEntity("building", i, i) for i in reading.typed_buildings]
+            typed = [b for b in typed if b.entity_id not in known]
             for building in (named + typed)[:MAX_GROUNDED]:
                 async for item in self._ground(run, building):
                     if isinstance(item, list):
                         grounded.append((building, item))
                     else:
                         yield item
-            async for event in self._measure(run, question, grounded):
+            async for event in self._measure(run, reading, grounded):
                 yield event
         if decision.wants_docs and search is not None and (hits or search.ok):
-            yield self._show_docs(run, search, question)  # none found: shown as such
-        searched = question if rewrite is not None and rewrite.rewritten else None
-        self._flush(run, asked, decision, searched)
-        answer = self._composed(question, signals, decision)
+            yield self._show_docs(run, search, reading)  # none found: shown as such
+        searched = reading.text if rewrite is not None and rewrite.rewritten else None
+        self._flush(run, question, decision, searched)
+        answer = self._composed(reading, signals, decision)
         yield Plan(decision, offered_tools(decision.route, specs), answer=answer, rewrite=rewrite)
 
     async def _rewrite(
@@ -375,22 +331,25 @@ class Planner:
         return rewrite
 
     def _composed(
-        self, question: str, signals: RouteSignals, decision: RouteDecision
+        self, reading: QuestionReading, signals: RouteSignals, decision: RouteDecision
     ) -> str | None:
         """The answer the visible steps settle (``agent.small_model.composing``), where
         composing is on."""
         if not self.compose:
             return None
         if decision.route == "greeting":
-            return compose_greeting(question)
+            return compose_greeting(reading.text)
         if decision.idk:
             return IDK_MARKER  # the caller's documentation does not hold what it asks
         if decision.route == "documentation":
-            return compose_reference(question, self._docs)
+            return compose_reference(reading.text, self._docs)
         if decision.route != "live_data":
             return None
         return compose_live(
-            self._rest or question, self._intent, self._shown, building_list=signals.building_list
+            self._rest or reading.text,
+            self._intent,
+            self._shown,
+            building_list=signals.building_list,
         )
 
     # --- the lookups --------------------------------------------------------------------------
@@ -472,16 +431,18 @@ class Planner:
         yield rooms
 
     async def _measure(
-        self, run: Run, question: str, grounded: list[tuple[NamedEntity, list[NamedEntity]]]
+        self,
+        run: Run,
+        reading: QuestionReading,
+        grounded: list[tuple[NamedEntity, list[NamedEntity]]],
     ) -> AsyncIterator[AgentEvent]:
         """The one measurement the question clearly asks for, on the rooms it names (or all
         rooms of the building, for occupancy); a named room's details (``get_room``) when it
         asks for no measurement; nothing when the intent is unclear."""
         all_rooms = [room for _, rooms in grounded for room in rooms]
-        named = _rooms_asked_about(question, all_rooms)[:MAX_GROUNDED]
-        mentions = [e.name for e in named] + [b.name for b, _ in grounded] + ids_in_text(question)
-        self._rest = _without(question, mentions)
-        intent = self._intent = live_intent(self._rest)
+        named = reading.rooms_named(all_rooms)[:MAX_GROUNDED]
+        self._rest, intent = reading.intent([e.name for e in (*named, *(b for b, _ in grounded))])
+        self._intent = intent
         calls: list[tuple[str, dict[str, object]]] = []
         if intent.occupancy:
             calls = self._occupancy(named, grounded, all_rooms)
@@ -525,7 +486,7 @@ class Planner:
         ids = [room.entity_id for room in (named or all_rooms)][:MAX_OCCUPANCY_ROOMS]
         return [(GetRoomOccupancy.name, {"room_ids": ids})] if ids else []
 
-    def _show_docs(self, run: Run, search: ToolOutcome, question: str) -> ToolEvent:
+    def _show_docs(self, run: Run, search: ToolOutcome, reading: QuestionReading) -> ToolEvent:
         """The up-front search as a visible ``search_docs`` step holding only the chunks
         shown (the only ones the answer may cite)."""
         shown = list(search.chunks[:DOC_HITS_SHOWN])
@@ -538,7 +499,7 @@ class Planner:
             self.source_labels[label] = hit.chunk_id
             labels.append(label)
         visible = dataclasses.replace(search, chunks=tuple(shown))
-        return self._record(run, visible, compact_hits(question, shown, labels))
+        return self._record(run, visible, compact_hits(reading, shown, labels))
 
 
 def offered_tools(route: Route, specs: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:

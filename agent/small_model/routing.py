@@ -39,7 +39,6 @@ The rules, and why:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -196,7 +195,3 @@ def route(signals: RouteSignals) -> RouteDecision:
         why = f"about the product, but the caller's documentation matches weakly: {scores}"
         return RouteDecision("documentation", False, why, idk=True)
     return RouteDecision("open", True, f"no routing signal: {scores}")
-
-
-def best_coverage(question: str, texts: Sequence[str]) -> float:
-    return max((coverage(question, text) for text in texts), default=0.0)

@@ -18,6 +18,7 @@ from agent.llm.base import ChatRequest, ChatResult, MalformedReply, ProviderUnav
 from agent.llm.json_schema_mode import step_schema
 from agent.loop import Agent
 from agent.small_model.planning import SNIPPET_CHARS, compact_hits
+from agent.small_model.reading import QuestionReading
 from agent.testing import FunctionModel, ScriptedModel, text_reply, tool_call, tool_calls_reply
 from agent.tools.twin import BUILDING_NOT_FOUND
 
@@ -517,7 +518,8 @@ def test_a_snippet_keeps_the_matching_sentences_before_the_lines_that_follow_the
         "warning to critical always notifies immediately; the cooldown applies per type."
     )
     question = "How long is the alert cooldown by default, and what does it do?"
-    [line] = compact_hits(question, [hit("c1", text)], ["1"]).splitlines()
+    reading = QuestionReading.of(question, [])
+    [line] = compact_hits(reading, [hit("c1", text)], ["1"]).splitlines()
     # both halves of the question: what it does (a matching sentence) and its default
     assert "will not notify again" in line and "15 minutes" in line
     assert "business_admin" not in line  # the default's follower lost to a matching sentence
