@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.small_model.entities import NamedEntity, ids_after_word, ids_in_text, match_names
+from agent.small_model.entities import NamedEntity, ids_in_text, match_names, typed_as
 from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
 from agent.small_model.routing import beyond_reading, is_greeting, live_words, product_words
 from agent.words import content_words, doc_tokens
@@ -33,13 +33,6 @@ def without(question: str, mentions: Sequence[str]) -> str:
         if mention.strip():
             question = re.sub(re.escape(mention), " ", question, flags=re.IGNORECASE)
     return question
-
-
-def _typed_ids(question: str, kind: str, prefix: str) -> tuple[str, ...]:
-    """The ids the question types as ``kind``: after the word ("building bld-x") or in the
-    platform's own id scheme ("bld-x", "room-x")."""
-    prefixed = [i for i in ids_in_text(question) if i.startswith(prefix)]
-    return tuple(dict.fromkeys([*ids_after_word(question, kind), *prefixed]))
 
 
 @dataclass(frozen=True)
@@ -65,19 +58,25 @@ class QuestionReading:
     def of(cls, question: str, buildings: Sequence[NamedEntity]) -> QuestionReading:
         """``question`` read against the caller's ``buildings`` (``list_buildings``)."""
         named = tuple(match_names(question, buildings))
+        typed = tuple(ids_in_text(question))
+        as_buildings, as_rooms = (
+            typed_as(question, "building", "bld-"),
+            typed_as(question, "room", "room-"),
+        )
+        rest = without(question, [b.name for b in named])
         return cls(
             text=question,
-            greeting=is_greeting(question),
-            tokens=tuple(doc_tokens(question)),
-            words=frozenset(content_words(question)),
             buildings=named,
-            typed_ids=tuple(ids_in_text(question)),
-            typed_buildings=_typed_ids(question, "building", "bld-"),
-            typed_rooms=_typed_ids(question, "room", "room-"),
-            asks_beyond_names=frozenset(beyond_reading(without(question, [b.name for b in named]))),
-            asks_for_buildings=asks_for_buildings(question),
+            typed_ids=typed,
+            typed_buildings=as_buildings,
+            typed_rooms=as_rooms,
+            greeting=is_greeting(question),
+            asks_beyond_names=frozenset(beyond_reading(rest)),
             product_words=product_words(question),
             live_words=live_words(question),
+            tokens=tuple(doc_tokens(question)),
+            words=frozenset(content_words(question)),
+            asks_for_buildings=asks_for_buildings(question),
         )
 
     def coverage(self, text: str) -> float:
