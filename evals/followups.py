@@ -39,7 +39,8 @@ DEFAULT_FOLLOWUPS_DATASET = Path("evals/datasets/followups.yaml")
 class _TurnModel(StrictModel):
     q: NonEmpty
     a: str = ""
-    ids: list[NonEmpty] = Field(default_factory=list)
+    # kind (as the tools' schemas name it: building, room) -> the ids of that kind
+    ids: dict[NonEmpty, list[NonEmpty]] = Field(default_factory=dict)
     standalone: NonEmpty | None = None
     answers: list[NonEmpty] = Field(default_factory=list)
     related: list[NonEmpty] = Field(default_factory=list)
@@ -66,7 +67,7 @@ class Turn:
 
     question: str
     answer: str  # the stored answer the retrieval part's rewriter reads (earlier turns)
-    ids: tuple[str, ...]  # the building/room ids its tools used (earlier turns)
+    ids: tuple[tuple[str, str], ...]  # (kind, id) of what its tools used (earlier turns)
     standalone: str | None
     labels: tuple[Label, ...]
     tools: Mapping[str, Mapping[str, Any]]
@@ -174,7 +175,7 @@ def _turn(
     return Turn(
         question=turn.q,
         answer=turn.a,
-        ids=tuple(turn.ids),
+        ids=tuple((kind, i) for kind, ids in turn.ids.items() for i in ids),
         standalone=turn.standalone,
         labels=tuple(labels),
         tools={name: dict(args) for name, args in turn.tools.items()},

@@ -217,12 +217,12 @@ class DeterministicRewriter:
         standalone: list[str] = []
         for index, turn in enumerate(turns):
             previous = [
-                PriorTurn(q, t.answer, t.entity_ids)
+                PriorTurn(q, t.answer, t.entities)
                 for q, t in zip(standalone, turns[:index], strict=True)
             ]
             standalone.append(self._one(turn.question, previous, buildings).query)
         resolved = [
-            PriorTurn(q, t.answer, t.entity_ids) for q, t in zip(standalone, turns, strict=True)
+            PriorTurn(q, t.answer, t.entities) for q, t in zip(standalone, turns, strict=True)
         ]
         return self._one(question, resolved, buildings)
 
@@ -303,16 +303,16 @@ def _own_entities(text: str, buildings: Sequence[NamedEntity]) -> tuple[str, ...
 def _building_names(
     text: str, ids: Sequence[str], buildings: Sequence[NamedEntity]
 ) -> tuple[str, ...]:
-    """The buildings ``text`` names or ``ids`` hold, by name where the caller's list has them;
-    a building id the caller cannot see now is dropped (with no list: kept as typed)."""
+    """The buildings ``text`` names or types by id, and the building ``ids`` a turn's tools
+    used, by name where the caller's list has them; a building the caller cannot see now is
+    dropped (with no list: a used id is kept as it is). Ids are opaque: a typed id is a
+    building's when the caller's list holds it."""
     by_id: Mapping[str, str] = {e.entity_id: e.name for e in buildings}
     found = [e.name for e in match_names(_without_ids(text), buildings)]
     for entity_id in [*ids_in_text(text), *ids]:
-        if not entity_id.startswith("bld-"):
-            continue
         if entity_id in by_id:
             found.append(by_id[entity_id])
-        elif not buildings:
+        elif not buildings and entity_id in ids:
             found.append(entity_id)
     return _dedupe(found)
 
@@ -324,11 +324,12 @@ def _about(
     names count where its question names none and no topic, unless the follow-up asks about
     a code ("that error": ``codes_first``)."""
     tokens = doc_tokens(turn.question)
-    named = _building_names(turn.question, turn.entity_ids, buildings)
+    named = _building_names(turn.question, turn.ids_of("building"), buildings)
     if not named and not tokens:
         named = _building_names(turn.answer, (), buildings)
-    typed_rooms = [i for i in ids_in_text(turn.question) if i.startswith("room-")]
-    rooms = typed_rooms or [i for i in turn.entity_ids if i.startswith("room-")]
+    used_rooms = turn.ids_of("room")
+    typed_rooms = [i for i in ids_in_text(turn.question) if i in used_rooms]
+    rooms = typed_rooms or list(used_rooms)
     if len(rooms) > 1:
         rooms = []  # a whole building's rooms (occupancy of all): no one room was the subject
     measure = _MEASURES.search(turn.question)
@@ -383,7 +384,7 @@ def _other_building(
         return None
     mentioned: set[str] = set()
     for turn in turns:
-        mentioned.update(_building_names(turn.question, turn.entity_ids, buildings))
+        mentioned.update(_building_names(turn.question, turn.ids_of("building"), buildings))
         mentioned.update(_building_names(turn.answer, (), buildings))
     left = [e.name for e in buildings if e.name not in mentioned]
     return left[0] if len(left) == 1 and mentioned else None
@@ -436,8 +437,8 @@ def _swap(
     None when the previous question holds nothing of the same kind."""
     if own:
         new = own[0]
-        kind = _kind(new)
-        old = [m for m in _mentions(previous, buildings) if _kind(m) == kind]
+        kind = _kind(new, buildings)
+        old = [m for m in _mentions(previous, buildings) if _kind(m, buildings) == kind]
         old = [m for m in old if m.casefold() != new.casefold()]
         if not old:
             return None
@@ -452,12 +453,15 @@ def _swap(
     return previous[: old_measure.start()] + measure.group(0) + previous[old_measure.end() :]
 
 
-def _kind(entity: str) -> str:
+def _kind(entity: str, buildings: Sequence[NamedEntity]) -> str:
+    """What a mention is: a documented token, one of the caller's buildings (by name or id),
+    or another id (a room's, or one the caller cannot see: ids are opaque)."""
     if doc_tokens(entity):
         return "token"
-    if entity.startswith("room-"):
-        return "room"
-    return "building"
+    folded = entity.casefold()
+    if any(folded in (b.name.casefold(), b.entity_id.casefold()) for b in buildings):
+        return "building"
+    return "id" if ids_in_text(entity) else "building"
 
 
 def _mentions(text: str, buildings: Sequence[NamedEntity]) -> list[str]:

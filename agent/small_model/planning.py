@@ -263,6 +263,11 @@ class Planner:
             lookup, buildings = await self._buildings(run)
         rewrite = await self._rewrite(run, question, buildings)
         reading = QuestionReading.of(rewrite.query if rewrite else question, buildings)
+        async for looked_up in self._resolve(run, reading, names):
+            if isinstance(looked_up, QuestionReading):
+                reading = looked_up
+            else:
+                yield looked_up
         entities.add_ids(reading.typed_ids, LIVE_KINDS)
         named, tokens = list(reading.buildings), reading.tokens
         search: ToolOutcome | None = None
@@ -329,6 +334,26 @@ class Planner:
                 f"conversation: {carried})"
             )
         return rewrite
+
+    async def _resolve(
+        self, run: Run, reading: QuestionReading, names: set[str]
+    ) -> AsyncIterator[ToolEvent | QuestionReading]:
+        """The kind of each id the question types without saying what it is, looked up as
+        the caller (ids are opaque): a room when ``get_room`` finds it (the lookup is in the
+        trace), else a building (grounded like one: an unknown id gets its not-found answer).
+        Yields the lookups' ``tool`` events, then the resolved reading."""
+        rooms: list[str] = []
+        buildings: list[str] = []
+        for entity_id in reading.unresolved_ids[:MAX_GROUNDED]:
+            lookup = None
+            if GetRoom.name in names:
+                lookup = await self._execute(run, GetRoom.name, {"room_id": entity_id})
+            if lookup is not None and lookup.ok:
+                rooms.append(entity_id)
+                yield self._traced_lookup(run, lookup)
+            else:
+                buildings.append(entity_id)
+        yield reading.resolved(rooms, buildings) if rooms or buildings else reading
 
     def _composed(
         self, reading: QuestionReading, signals: RouteSignals, decision: RouteDecision
