@@ -19,6 +19,7 @@ from local_world.twin_service import building_json, room_json
 from local_world.world import DEFAULT_SEED, World, build_world, load_world
 from local_world.world_file import (
     SAMPLE_WORLD_FILE,
+    WORLDS_DIR,
     WorldFileError,
     load_world_file,
     parse_world,
@@ -67,6 +68,22 @@ def test_the_same_world_reads_from_json(tmp_path: Path) -> None:
     as_json = tmp_path / "sample.json"
     as_json.write_text(json.dumps(data, default=str), encoding="utf-8")
     assert _fingerprint(lambda seed: load_world(as_json, seed)) == BUILT_IN_CODE
+
+
+def test_build_world_takes_a_path_and_a_seed() -> None:
+    second = WORLDS_DIR / "second.yaml"
+    world = build_world(path=second)
+    assert world.name == "second" and world.seed == load_world_file(second).seed
+    assert build_world(3, path=second).seed == 3
+    assert [r.id for r in build_world(3, path=second).rooms] == [r.id for r in world.rooms]
+
+
+def test_every_shipped_world_loads() -> None:
+    shipped = sorted(WORLDS_DIR.glob("*.yaml"))
+    assert {p.name for p in shipped} >= {"sample.yaml", "second.yaml"}
+    for path in shipped:
+        world = load_world(path)
+        assert world.buildings and world.rooms and world.sensors, path
 
 
 # --- bad files ------------------------------------------------------------------------------------
