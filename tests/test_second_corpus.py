@@ -17,7 +17,7 @@ import yaml
 
 from foundation.acl import caller_entries, is_visible
 from foundation.settings import Settings
-from ingest_jobs.sources import PreparedSource, discover, prepare
+from ingest_jobs.sources import PreparedSource, chunk_rows, discover, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "documentation-second"
@@ -75,6 +75,16 @@ def test_it_ingests_like_the_first_corpus() -> None:
         assert page.body.lstrip().startswith("# "), name
     # README.md and FACTS.md sit beside the roots and are not ingested
     assert not any(name.endswith(("README.md", "FACTS.md")) for name in pages())
+
+
+def test_it_chunks_into_sections() -> None:
+    """Chunked as ingestion does (200 tokens, counted as words here): several sections a page,
+    nothing oversized, every chunk under a heading."""
+    for name, page in pages().items():
+        rows = chunk_rows(page, lambda text: len(text.split()), 200)
+        assert len(rows) >= 4, name
+        assert not any(row["oversized"] for row in rows), name
+        assert all(row["section"] for row in rows), name
 
 
 def test_its_restricted_pages_are_the_ones_its_readme_lists() -> None:
