@@ -73,6 +73,7 @@ from agent.small_model.followups import (
     PassThroughRewriter,
     QueryRewriter,
 )
+from agent.small_model.intents import sensor_types
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import FunctionModel, text_reply
 from agent.tools import build_default_registry
@@ -169,12 +170,13 @@ async def score_retrieval(
     dataset: FollowupDataset, searcher: Searcher, world: World
 ) -> list[RetrievalRow]:
     rewriter = DeterministicRewriter()
+    measures = sensor_types(build_default_registry().specs())  # what the tools list
     rows: list[RetrievalRow] = []
     for conversation, index in dataset.follow_ups():
         turn = conversation.turns[index]
         known = known_buildings(world, conversation.caller)
         earlier = [t.prior for t in conversation.turns[:index]]
-        rewrite = rewriter.rewrite_now(turn.question, earlier, known=known)
+        rewrite = rewriter.rewrite_now(turn.question, earlier, known=known, measures=measures)
         queries = {
             "raw": turn.question,
             "rewritten": rewrite.query,

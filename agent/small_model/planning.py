@@ -47,7 +47,7 @@ from agent.small_model.entities import (
     named_rooms,
 )
 from agent.small_model.followups import DeterministicRewriter, QueryRewriter, Rewrite
-from agent.small_model.intents import LiveIntent
+from agent.small_model.intents import LiveIntent, sensor_types
 from agent.small_model.reading import QuestionReading
 from agent.small_model.reference import compose_reference
 from agent.small_model.routing import (
@@ -261,8 +261,9 @@ class Planner:
         buildings: list[NamedEntity] = []
         if ListBuildings.name in names:
             lookup, buildings = await self._buildings(run)
-        rewrite = await self._rewrite(run, question, buildings)
-        reading = QuestionReading.of(rewrite.query if rewrite else question, buildings)
+        types = sensor_types(specs)
+        rewrite = await self._rewrite(run, question, buildings, types)
+        reading = QuestionReading.of(rewrite.query if rewrite else question, buildings, types)
         async for looked_up in self._resolve(run, reading, names):
             if isinstance(looked_up, QuestionReading):
                 reading = looked_up
@@ -321,12 +322,18 @@ class Planner:
         yield Plan(decision, offered_tools(decision.route, specs), answer=answer, rewrite=rewrite)
 
     async def _rewrite(
-        self, run: Run, question: str, buildings: Sequence[NamedEntity]
+        self,
+        run: Run,
+        question: str,
+        buildings: Sequence[NamedEntity],
+        types: Sequence[str],
     ) -> Rewrite | None:
         """The follow-up's standalone form (None: no earlier turns), noted on the run."""
         if not self.earlier:
             return None
-        rewrite = await self.rewriter.rewrite(question, self.earlier, known=buildings)
+        rewrite = await self.rewriter.rewrite(
+            question, self.earlier, known=buildings, measures=types
+        )
         if rewrite.rewritten:
             carried = ", ".join(rewrite.carried) or "the previous question"
             run.notes.append(
@@ -363,7 +370,7 @@ class Planner:
         if not self.compose:
             return None
         if decision.route == "greeting":
-            return compose_greeting(reading.text)
+            return compose_greeting(reading.text, reading.sensor_types)
         if decision.idk:
             return IDK_MARKER  # the caller's documentation does not hold what it asks
         if decision.route == "documentation":
@@ -375,6 +382,7 @@ class Planner:
             self._intent,
             self._shown,
             building_list=signals.building_list,
+            sensor_types=reading.sensor_types,
         )
 
     # --- the lookups --------------------------------------------------------------------------

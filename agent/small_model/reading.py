@@ -20,7 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.small_model.entities import NamedEntity, ids_after_word, ids_in_text, match_names
-from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
+from agent.small_model.intents import (
+    LiveIntent,
+    asks_for_buildings,
+    live_intent,
+    named_sensor_types,
+)
 from agent.small_model.routing import beyond_reading, is_greeting, live_words, product_words
 from agent.words import content_words, doc_tokens
 
@@ -58,10 +63,17 @@ class QuestionReading:
     asks_for_buildings: bool  # which buildings the caller has
     product_words: bool  # names something of the product
     live_words: bool  # asks for a live reading or measurement
+    sensor_types: tuple[str, ...] = ()  # the types the tools' schemas list (``intents``)
 
     @classmethod
-    def of(cls, question: str, buildings: Sequence[NamedEntity]) -> QuestionReading:
-        """``question`` read against the caller's ``buildings`` (``list_buildings``)."""
+    def of(
+        cls,
+        question: str,
+        buildings: Sequence[NamedEntity],
+        sensor_types: Sequence[str] = (),
+    ) -> QuestionReading:
+        """``question`` read against the caller's ``buildings`` (``list_buildings``) and the
+        sensor types the tools list."""
         named = tuple(match_names(question, buildings))
         typed = tuple(ids_in_text(question))
         listed = {b.entity_id for b in buildings}
@@ -80,10 +92,11 @@ class QuestionReading:
             greeting=is_greeting(question),
             asks_beyond_names=frozenset(beyond_reading(rest)),
             product_words=product_words(question),
-            live_words=live_words(question),
+            live_words=live_words(question) or bool(named_sensor_types(question, sensor_types)),
             tokens=tuple(doc_tokens(question)),
             words=frozenset(content_words(question)),
             asks_for_buildings=asks_for_buildings(question),
+            sensor_types=tuple(sensor_types),
         )
 
     @property
@@ -122,4 +135,4 @@ class QuestionReading:
         """What the question asks of its places, read without ``mentions`` (the names it
         used) and the ids it typed: that rest of the question, and its ``LiveIntent``."""
         rest = without(self.text, [*mentions, *self.typed_ids])
-        return rest, live_intent(rest)
+        return rest, live_intent(rest, self.sensor_types)

@@ -22,11 +22,13 @@ from agent.small_model.followups import (
     QueryRewriter,
     Rewrite,
 )
+from agent.small_model.intents import sensor_types
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
 from agent.turns import PriorTurn, history_messages, prior_turn, without_markers
 from foundation.observability import attributes as attr
 from foundation.records import EntityRefOut, ToolCallTrace
+from tests.shipped_tools import shipped_registry
 
 HARBOR = NamedEntity("building", "bld-northwind-harbor", "Harbor Warehouse")
 NW_HQ = NamedEntity("building", "bld-northwind-hq", "Northwind HQ")
@@ -38,10 +40,11 @@ ACME = (
 CV_E1033 = PriorTurn("What does CV-E1033 mean?", "CV-E1033 is clock skew: the ts is off.")
 
 rewriter = DeterministicRewriter()
+SENSOR_TYPES = sensor_types(shipped_registry().specs())  # the shipped tools' sensor types
 
 
 def rewrite(question: str, *earlier: PriorTurn, known: tuple[NamedEntity, ...] = ()) -> Rewrite:
-    return rewriter.rewrite_now(question, earlier, known=known)
+    return rewriter.rewrite_now(question, earlier, known=known, measures=SENSOR_TYPES)
 
 
 # --- the rules -------------------------------------------------------------------------------
