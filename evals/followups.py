@@ -31,7 +31,7 @@ from evals.retrieval_labels import (
     SectionKey,
     sample_doc_roots,
 )
-from foundation.acl import is_visible
+from foundation.acl import AclError, is_visible
 
 DEFAULT_FOLLOWUPS_DATASET = Path("evals/datasets/followups.yaml")
 
@@ -56,6 +56,10 @@ class _ConversationModel(StrictModel):
 class _FileModel(StrictModel):
     version: int
     docs: NonEmpty
+    # The ``DOC_ROOTS`` the conversations are served with (``DIR=ACL`` entries relative to the
+    # repository), when not the default: the folders a label's page must be under, and the
+    # default ACL of its pages (e.g. the second corpus's guides/ and reference/).
+    doc_roots: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
     callers: Annotated[dict[NonEmpty, CallerModel], Field(min_length=1)]
     conversations: Annotated[list[_ConversationModel], Field(min_length=1)]
 
@@ -121,7 +125,15 @@ def load_followups(path: Path | str, *, repo_root: Path | None = None) -> Follow
             [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         ) from None
     root = repo_root or path.resolve().parent.parent.parent
-    corpus = DocCorpus(root / model.docs, sample_doc_roots(root))
+    try:
+        roots = (
+            sample_doc_roots(root)
+            if model.doc_roots is None
+            else sample_doc_roots(root, model.doc_roots)
+        )
+    except AclError as exc:
+        raise DatasetError([f"{path}: doc_roots: {exc}"]) from None
+    corpus = DocCorpus(root / model.docs, roots)
     callers = {
         name: Caller(name, tuple(c.roles), tuple(c.domains)) for name, c in model.callers.items()
     }
