@@ -47,13 +47,16 @@ model derives (a sum, a difference) are flagged unless the evidence holds them.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
+
+from agent.words import content_words
 
 __all__ = ["Claim", "Evidence", "build_evidence", "extract_claims", "normalize", "ungrounded"]
 
@@ -73,7 +76,10 @@ _UNIT_SPELLINGS: dict[str, str] = {
     "minutes": "min", "minute": "min", "mins": "min", "min": "min", "m": "min",
     "hours": "h", "hour": "h", "hrs": "h", "hr": "h", "h": "h",
     "days": "d", "day": "d", "d": "d", "weeks": "week", "week": "week",
-    "kwh": "kWh", "kw": "kW", "w": "W", "lux": "lux", "db": "dB",
+    "kwh": "kWh", "kw": "kW", "w": "W", "lux": "lux", "db": "dB", "dba": "dB",
+    "m2": "m²", "sq m": "m²", "sqm": "m²", "square metres": "m²", "square meters": "m²",
+    "square metre": "m²", "square meter": "m²", "ft2": "ft²", "sq ft": "ft²",
+    "square feet": "ft²", "square foot": "ft²",
 }  # fmt: skip
 _SECONDS: dict[str, Decimal] = {
     "ms": Decimal("0.001"),
@@ -107,7 +113,8 @@ _CLOCK = re.compile(
 _HOUR_AMPM = re.compile(r"(?<![\w:.])(\d{1,2})\s?([ap])\.?m\b\.?", re.I)
 # A token with a letter first and - or _ inside: an id, a code, a key, or a plain word.
 _DASHED = re.compile(r"(?<![\w/.-])[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)+(?![\w-])")
-_ALNUM = re.compile(r"(?<![\w.])[A-Za-z]+\d[A-Za-z0-9]*(?![\w])")  # CO2, E1033, v1
+# CO2, E1033, v1; not an area unit after a number ("40 m2": NFKC of m²)
+_ALNUM = re.compile(r"(?<![\w.])(?!(?:m2|ft2)(?![\w]))[A-Za-z]+\d[A-Za-z0-9]*(?![\w])")
 # A place's designator: a capitalised noun and a letter, or digits with a letter ("Dock C",
 # "Room 12B", "Ward 4a", "Bay C3"): any noun, not an estate's room words.
 _DESIGNATOR = re.compile(
@@ -171,6 +178,20 @@ class Claim:
     key: str = ""
     values: tuple[tuple[Decimal, Decimal], ...] = ()
     reading: bool = False  # a measured figure: only a stated value grounds it
+    unit: str | None = field(default=None, compare=False)  # canonical (``_UNIT_SPELLINGS``)
+    at: int = field(default=-1, compare=False)  # where the answer writes it
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A number the evidence states, with what it is said of: its unit (when written) and
+    the words of its JSON field or of the one sentence, table row or list item it is in."""
+
+    value: Decimal
+    unit: str | None
+    words: frozenset[str]  # content words, units left out (the unit is compared apart)
+    field: bool = False  # a JSON field's (``words``: its name's), else a passage's
+    counted: bool = False  # a list's length (the model may count; it names nothing)
 
 
 def _within(numbers: tuple[Decimal, ...], value: Decimal, tolerance: Decimal) -> bool:
@@ -195,6 +216,7 @@ class Evidence:
     text: str
     known_names: tuple[str, ...] = ()
     readings: tuple[Decimal, ...] = ()
+    facts: tuple[Fact, ...] = ()  # each stated number with what it is said of
 
     def has_number(self, value: Decimal, tolerance: Decimal) -> bool:
         return _within(self.numbers, value, tolerance)
@@ -239,7 +261,11 @@ def _number_claim(text: str, digits: str, unit: str | None) -> Claim:
             if other != seconds:  # the same duration in another time unit
                 values.append((value * seconds / other, tolerance * seconds / other))
     return Claim(
-        "number", " ".join(text.split()), values=tuple(values), reading=canonical in _MEASURED
+        "number",
+        " ".join(text.split()),
+        values=tuple(values),
+        reading=canonical in _MEASURED,
+        unit=canonical,
     )
 
 
@@ -280,7 +306,7 @@ class _Scanner:
         def replace(match: re.Match[str]) -> str:
             found = claim(match) if claim is not None else None
             for item in found if isinstance(found, list) else [found] if found else []:
-                self.found.append((match.start(), item))
+                self.found.append((match.start(), dataclasses.replace(item, at=match.start())))
             return _blank(match)
 
         self.text = pattern.sub(replace, self.text)
@@ -347,21 +373,43 @@ def extract_claims(answer: str, *, known_names: Iterable[str] = ()) -> list[Clai
 # --- the evidence side -------------------------------------------------------------------------
 
 
-def _walk(value: Any, strings: list[str], numbers: list[Decimal], readings: list[Decimal]) -> None:
+@dataclass
+class _Index:
+    """What ``build_evidence`` collects."""
+
+    strings: list[str] = field(default_factory=list)
+    numbers: list[Decimal] = field(default_factory=list)
+    readings: list[Decimal] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
+
+
+def _key_unit(key: str) -> str | None:
+    """The unit a field's name states ("area_m2", "interval_seconds"), if any."""
+    last = re.split(r"[_\s-]", key.casefold())[-1]
+    return _UNIT_SPELLINGS.get(last) if len(last) > 1 else None
+
+
+def _walk(value: Any, index: _Index, key: str = "", unit: str | None = None) -> None:
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, int | float):
-        numbers.append(abs(Decimal(repr(value))))
-        readings.append(numbers[-1])
+        number = abs(Decimal(repr(value)))
+        index.numbers.append(number)
+        index.readings.append(number)
+        index.facts.append(Fact(number, unit or _key_unit(key), _attribute_words(key), True))
     elif isinstance(value, str):
-        strings.append(value)
+        index.strings.append(value)
     elif isinstance(value, list):
-        numbers.append(Decimal(len(value)))  # the model may count what it was given
+        index.numbers.append(Decimal(len(value)))  # the model may count what it was given
+        count = Fact(Decimal(len(value)), None, _attribute_words(key), True, counted=True)
+        index.facts.append(count)
         for item in value:
-            _walk(item, strings, numbers, readings)
+            _walk(item, index, key)
     elif isinstance(value, dict):
-        for item in value.values():
-            _walk(item, strings, numbers, readings)
+        stated = value.get("unit")
+        unit_of_value = _canonical_unit(stated) if isinstance(stated, str) else None
+        for name, item in value.items():
+            _walk(item, index, str(name), unit_of_value if name == "value" else None)
 
 
 def _stated_numbers(text: str) -> Iterator[Decimal]:
@@ -395,33 +443,141 @@ def _text_moments(text: str) -> Iterator[str]:
 
 def build_evidence(texts: Iterable[str], *, known_names: Iterable[str] = ()) -> Evidence:
     """Index ``texts`` (JSON tool results are read as JSON, anything else as plain text)."""
-    strings: list[str] = []
-    numbers: list[Decimal] = []
-    readings: list[Decimal] = []
+    index = _Index()
     for text in texts:
         try:
-            _walk(json.loads(text), strings, numbers, readings)
+            _walk(json.loads(text), index)
         except ValueError:
-            strings.append(text)
-    strings = [normalize(s) for s in strings]
+            index.strings.append(text)
+    strings = [normalize(s) for s in index.strings]
     moments: set[str] = set()
     for string in strings:
-        numbers.extend(_text_numbers(string))
-        readings.extend(_stated_numbers(string))
+        index.numbers.extend(_text_numbers(string))
+        index.readings.extend(_stated_numbers(string))
+        index.facts.extend(_text_facts(string))
         moments.update(_text_moments(string))
     return Evidence(
-        numbers=tuple(sorted(set(numbers))),
+        numbers=tuple(sorted(set(index.numbers))),
         moments=frozenset(moments),
         text="\n".join(strings).casefold(),
         known_names=tuple(known_names),
-        readings=tuple(sorted(set(readings))),
+        readings=tuple(sorted(set(index.readings))),
+        facts=tuple(index.facts),
     )
 
 
 def ungrounded(answer: str, evidence: Evidence) -> list[str]:
-    """The claims of ``answer`` the evidence does not support, as written, without repeats."""
+    """The claims of ``answer`` the evidence does not support, as written, without repeats:
+    not in the evidence at all, or a figure the evidence states of something else
+    (``misattributed``)."""
     missing: list[str] = []
     for claim in extract_claims(answer, known_names=evidence.known_names):
-        if not evidence.grounds(claim) and claim.text not in missing:
+        wrong = not evidence.grounds(claim) or misattributed(claim, answer, evidence)
+        if wrong and claim.text not in missing:
             missing.append(claim.text)
     return missing
+
+
+# --- attribution: a real figure said of the wrong thing -------------------------------------
+
+# An answer's words around a figure that say what it is of: this many on each side, within
+# its sentence.
+ATTRIBUTE_WINDOW = 6
+# Shared words that make another statement of the evidence the figure's evident source
+# when none of the statements holding the figure shares one ("a floor area of 40 m²" when
+# 40 is the capacity and the area field says 28.5).
+MISATTRIBUTION_OVERLAP = 2
+_SEGMENT = re.compile(r"(?<=[.!?;])\s+|\n+")
+_UNIT_WORDS = frozenset(w for spelling in _UNIT_SPELLINGS for w in spelling.split())
+
+
+def _canonical_unit(text: str) -> str | None:
+    return _UNIT_SPELLINGS.get(" ".join(normalize(text).casefold().split()))
+
+
+def _attribute_words(text: str) -> frozenset[str]:
+    """The content words of a passage or a field name that say what a figure is of: no
+    numbers, no units ("area_m2": area)."""
+    words = content_words(re.sub(r"[_\-]", " ", normalize(text)))
+    return frozenset(w for w in words if not w.isdigit() and w not in _UNIT_WORDS)
+
+
+def _text_facts(text: str) -> Iterator[Fact]:
+    """Each number of each sentence, table row or list item of ``text``, with that segment's
+    words (and the unit written after the number)."""
+    for segment in _SEGMENT.split(text):
+        plain = segment
+        for pattern in (_MARKERS, _DATETIME, _EV_CLOCK, _DASHED, _ALNUM):
+            plain = pattern.sub(" ", plain)
+        words = _attribute_words(segment)
+        for match in _NUMBER.finditer(plain):
+            value = Decimal(match.expand(r"\1.\2").rstrip(".").replace(",", ""))
+            unit = _canonical_unit(match.group(3)) if match.group(3) else None
+            yield Fact(value, unit, words)
+
+
+# Where what a figure is said of ends: a clause break, or the next figure.
+_CLAUSE_BREAK = re.compile(r"[.!?;:,\n]|\b(?:and|but|while|whereas|or)\b|\d", re.IGNORECASE)
+
+
+def _answer_words(claim: Claim, answer: str) -> frozenset[str]:
+    """What the answer says the figure is of: the words of its clause around it (up to the
+    next figure or clause break, ``ATTRIBUTE_WINDOW`` on each side)."""
+    text = _MARKERS.sub(lambda m: " " * len(m.group(0)), normalize(answer))
+    before = text[: claim.at]
+    breaks = [m.end() for m in _CLAUSE_BREAK.finditer(before)]
+    before = before[breaks[-1] if breaks else 0 :]
+    after = text[claim.at + len(claim.text) :]
+    found = _CLAUSE_BREAK.search(after)
+    after = after[: found.start() if found else len(after)]
+    window = [*before.split()[-ATTRIBUTE_WINDOW:], *after.split()[:ATTRIBUTE_WINDOW]]
+    return _attribute_words(" ".join(window))
+
+
+def _holds(fact: Fact, claim: Claim) -> bool:
+    """Whether ``fact`` states the claim's figure: the same duration when both say a time
+    unit ("2 minutes" is "120 seconds", not "2 seconds"), else the same number."""
+    if claim.unit in _SECONDS and fact.unit in _SECONDS:
+        value, tolerance = claim.values[0]
+        scale = _SECONDS[claim.unit] / _SECONDS[fact.unit]
+        return abs(fact.value - value * scale) <= tolerance * scale
+    return any(abs(fact.value - value) <= tolerance for value, tolerance in claim.values)
+
+
+def _same_quantity(a: str | None, b: str | None) -> bool:
+    """Whether two units may name the same quantity (either unstated; equal; both times)."""
+    return a is None or b is None or a == b or (a in _SECONDS and b in _SECONDS)
+
+
+def misattributed(claim: Claim, answer: str, evidence: Evidence) -> bool:
+    """A figure the evidence holds, but said of something else: every statement holding it
+    states another unit ("40 m²" where the evidence has 40 people), or none shares a word
+    with what the answer says it is of while a statement of another figure of the same
+    quantity shares ``MISATTRIBUTION_OVERLAP`` ("40 m²" of a floor area when 40 is the
+    capacity and the area field holds 28.5; "every 30 seconds" of a refresh when 30 s is a
+    delay and the refresh sentence says 60). Only figures found as stated facts are
+    checked: one grounded otherwise (a fraction, a duration in another unit's digits) is
+    left alone."""
+    if claim.kind != "number" or claim.at < 0:
+        return False
+    holding = [fact for fact in evidence.facts if _holds(fact, claim)]
+    if not holding:
+        return False
+    if not any(_same_quantity(claim.unit, fact.unit) for fact in holding):
+        return True
+    said_of = _answer_words(claim, answer)
+    if not said_of or any(fact.words & said_of for fact in holding):
+        return False
+    return any(
+        _said_of(fact, said_of)
+        for fact in evidence.facts
+        if not fact.counted and not _holds(fact, claim) and _same_quantity(claim.unit, fact.unit)
+    )
+
+
+def _said_of(fact: Fact, said_of: frozenset[str]) -> bool:
+    """Whether the answer's words name what ``fact`` is of: all of its field's name, or
+    ``MISATTRIBUTION_OVERLAP`` words of its passage."""
+    if fact.field:
+        return bool(fact.words) and fact.words <= said_of
+    return len(fact.words & said_of) >= MISATTRIBUTION_OVERLAP
