@@ -52,6 +52,7 @@ def answer(text: str = "Harbor Warehouse is at 40%.", **fields: object) -> Agent
     values: dict[str, object] = {
         "answer": text,
         "decision": "answered",
+        "answered_by": "model",
         "model": "local/scripted",
         "trace_id": "0af7651916cd43dd8448eb211c80319c",
         "citations": [
