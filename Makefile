@@ -59,8 +59,12 @@ ui-vendor:
 db-up: install
 	$(BIN)/agent-service db up
 
+# INGEST_FLAGS=--prune also deletes documents whose source is no longer under DOC_ROOTS (when
+# switching corpora, e.g. to documentation-second/: local_world/README.md, Another world).
+INGEST_FLAGS ?=
+
 ingest: db-up
-	$(BIN)/agent-service ingest
+	$(BIN)/agent-service ingest $(INGEST_FLAGS)
 
 search: install
 	$(BIN)/agent-service search "How long is the alert cooldown and how do I change it?" --top-k 3
@@ -81,8 +85,11 @@ serve: ingest
 	  (umask 077 && $(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))' > $(DEV_SECRET)); }
 	EVAL_JWT_SECRET="$${EVAL_JWT_SECRET:-$$(cat $(DEV_SECRET))}" $(BIN)/agent-service serve
 
+# The question `make run` ends with (another corpus asks another: ASK_QUESTION="...").
+ASK_QUESTION ?= How long is the alert cooldown by default, and what does it do?
+
 ask: install
-	$(BIN)/agent-service ask "How long is the alert cooldown by default, and what does it do?"
+	$(BIN)/agent-service ask "$(ASK_QUESTION)"
 
 # The whole service on embedded defaults, then one real question over HTTP.
 run: serve ask
@@ -90,6 +97,7 @@ run: serve ask
 	@echo "The service keeps running. Try: .venv/bin/agent-service ask 'What does error code CV-E1033 mean?'"
 	@echo "Or chat in a browser: the 'chat page' URL above (development sign-in: pick a local user)"
 	@echo "Live data too: .venv/bin/agent-service ask 'How busy is Harbor Warehouse right now?'"
+	@echo "Another estate and corpus: LOCAL_WORLD_FILE=... DOC_ROOTS=... (local_world/README.md)"
 	@echo "Stop everything with: make stop"
 
 stop:

@@ -24,11 +24,13 @@ signs to ``-``):
   the evidence (ISO timestamps in tool results count as their date, ``HH:MM`` and
   ``HH:MM:SS``); a whole hour (``3 am``) is also grounded by the bare number.
 * **versions**: ``version 1.0``, ``firmware 2.3.1`` must appear as that string.
-* **ids**: entity ids (``bld-``, ``room-``, ``sen-``, ``rm-`` prefixes) and upper-case codes
-  and keys (``CV-E1033``, ``SP-25``, ``SENSOR_STALE_AFTER_SECONDS``), matched as whole tokens,
+* **ids**: entity ids (opaque, so by shape: lower-case words joined by two or more hyphens, or
+  with a digit, no part a word of prose) and upper-case codes and keys (``E-1033``,
+  ``SP-25``, ``STALE_AFTER_SECONDS``), matched as whole tokens,
   case-insensitively. Their digits are never read as numbers; nor are those of words such as
   ``CO2`` or ``v1``.
-* **room designators**: ``Dock C``, ``Room 12B``, ``12A`` (a designator with a letter) must
+* **room designators**: ``Dock C``, ``Ward 12B``, ``12A`` (any capitalised noun and a
+  designator with a letter) must
   appear in the evidence; so must any of ``known_names`` (names the caller may see, when the
   service knows them) that the answer mentions.
 
@@ -106,10 +108,41 @@ _HOUR_AMPM = re.compile(r"(?<![\w:.])(\d{1,2})\s?([ap])\.?m\b\.?", re.I)
 # A token with a letter first and - or _ inside: an id, a code, a key, or a plain word.
 _DASHED = re.compile(r"(?<![\w/.-])[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)+(?![\w-])")
 _ALNUM = re.compile(r"(?<![\w.])[A-Za-z]+\d[A-Za-z0-9]*(?![\w])")  # CO2, E1033, v1
-_ENTITY_PREFIX = re.compile(r"(?:bld|bldg|room|rm|sen)-", re.I)
+# A place's designator: a capitalised noun and a letter, or digits with a letter ("Dock C",
+# "Room 12B", "Ward 4a", "Bay C3"): any noun, not an estate's room words.
 _DESIGNATOR = re.compile(
-    r"\b(?:Room|Dock|Hall|Wing|Zone|Lab|Block|Bay|Gate|Suite)\s+"
-    r"((?!I\b)[A-Z]|\d{1,4}[A-Za-z]|[A-Z]\d{1,4})(?![\w-])"
+    r"\b[A-Z][a-z]{1,20}\s+((?!I\b)[A-Z]|\d{1,4}[A-Za-z]|[A-Z]\d{1,4})(?![\w-])"
+)
+# Words that make a dashed token prose ("up-to-date", "state-of-the-art"), not an id.
+_PROSE_PARTS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "up",
+        "out",
+        "off",
+        "over",
+        "down",
+        "into",
+        "per",
+        "via",
+        "as",
+        "is",
+        "be",
+        "end",
+    ]
 )
 _GLUED = re.compile(r"(?<![\w.,-])(\d+(?:\.\d+)?)([A-Za-z°%]+)(?![\w])")
 _NUMBER = re.compile(
@@ -220,8 +253,14 @@ def _clock_claim(text: str, hour: int, minute: int, second: str | None, ampm: st
 
 
 def _is_checked_id(token: str) -> bool:
-    """Entity ids and upper-case codes/keys are claims; ordinary words with a hyphen are not."""
-    if _ENTITY_PREFIX.match(token):  # bld-acme-tower, rm-123-a; not "room-level"
+    """Entity ids and upper-case codes/keys are claims; ordinary words with a hyphen are not.
+    Ids are opaque, so their shape decides, not a prefix: lower-case words joined by two or
+    more hyphens, or with a digit ("rm-123-a", a UUID), unless a part is a word of prose
+    ("up-to-date")."""
+    parts = re.split(r"[-_]", token)
+    if token == token.lower() and "-" in token:
+        if any(part in _PROSE_PARTS for part in parts):
+            return False
         return any(c.isdigit() for c in token) or token.count("-") >= 2
     letters = [c for c in token if c.isalpha()]
     upper = bool(letters) and all(c.isupper() for c in letters)

@@ -27,6 +27,7 @@ from agent.tools.base import ChunkSink
 from agent.tools.executor import ToolRequest
 from agent.tools.registry import ToolOutcome
 from agent.usage import RunUsage
+from foundation.records import EntityRefOut
 
 PROVIDER_UNAVAILABLE_TEXT = (
     "The assistant is temporarily unavailable: the language model did not respond. "
@@ -54,6 +55,7 @@ def tool_trace(outcome: ToolOutcome) -> ToolCallTrace:
         ok=outcome.ok,
         error=outcome.error,
         duration_ms=outcome.duration_ms,
+        entities=tuple(EntityRefOut(kind=kind, id=i) for kind, i in outcome.entities),
     )
 
 

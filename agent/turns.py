@@ -1,5 +1,6 @@
 """Earlier turns of a conversation as the agent reads them (``PriorTurn``): the caller's
-question, the answer, and the building and room ids its successful tool calls used. The
+question, the answer, and the entities its successful tool calls used, each with the kind
+the tool's schema declares (``EntityRefOut``: stored with the turn's tool calls). The
 conversation layer builds them from stored turns (``prior_turn``) and hands them to the
 agent once (``AgentRequest.earlier``); the agent derives both what the model is shown
 (``history_messages``, fitted to ``HISTORY_MAX_TOKENS``) and what a strategy reads (the
@@ -26,20 +27,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from agent.citations import MARKER
 from agent.llm.base import Message
+from foundation.records import ToolCallTrace
 
 __all__ = [
-    "ENTITY_ARGUMENTS",
     "MAX_EARLIER",
     "MESSAGE_OVERHEAD_TOKENS",
     "PriorTurn",
     "TokenCounter",
-    "ToolCallLike",
     "estimate_tokens",
     "history_messages",
     "prior_turn",
@@ -47,7 +46,6 @@ __all__ = [
 ]
 
 MAX_EARLIER = 4  # earlier turns a follow-up may draw on (newest first)
-ENTITY_ARGUMENTS = ("building_id", "room_id", "room_ids")  # tool arguments naming entities
 MESSAGE_OVERHEAD_TOKENS = 5  # Qwen's "<|im_start|>user\n" ... "<|im_end|>\n"
 _MARKER_WITH_SPACE = re.compile(r"\s*" + MARKER.pattern)
 
@@ -57,37 +55,27 @@ TokenCounter = Callable[[str], int]
 @dataclass(frozen=True)
 class PriorTurn:
     """One earlier turn of the caller's conversation, as the rewriter reads it: its question,
-    its answer, and the building and room ids its successful tool calls used (all produced
-    as the caller)."""
+    its answer, and the entities its successful tool calls used, as (kind, id), first used
+    first (all produced as the caller)."""
 
     question: str
     answer: str = ""
-    entity_ids: tuple[str, ...] = ()
-
-
-class ToolCallLike(Protocol):
-    """A tool call of a finished turn (``agent.answer.ToolCallTrace``, a stored turn's)."""
+    entities: tuple[tuple[str, str], ...] = ()
 
     @property
-    def arguments(self) -> Mapping[str, Any]: ...
+    def entity_ids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(entity_id for _, entity_id in self.entities))
 
-    @property
-    def ok(self) -> bool: ...
+    def ids_of(self, kind: str) -> tuple[str, ...]:
+        """The ids of ``kind`` ("building", "room") its tool calls used."""
+        return tuple(entity_id for k, entity_id in self.entities if k == kind)
 
 
-def prior_turn(question: str, answer: str, calls: Iterable[ToolCallLike]) -> PriorTurn:
-    """A finished turn as the rewriter reads it: the building and room ids its successful
-    tool calls used (a failed call's ids, such as a not-found one, are not carried)."""
-    ids: list[str] = []
-    for call in calls:
-        if not call.ok:
-            continue
-        for key in ENTITY_ARGUMENTS:
-            value = call.arguments.get(key)
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, str) and item:
-                    ids.append(item)
-    return PriorTurn(question, answer, tuple(dict.fromkeys(ids)))
+def prior_turn(question: str, answer: str, calls: Iterable[ToolCallTrace]) -> PriorTurn:
+    """A finished turn as the rewriter reads it: the entities its successful tool calls used
+    (a failed call's, such as a not-found id, are not carried)."""
+    entities = ((entity.kind, entity.id) for call in calls if call.ok for entity in call.entities)
+    return PriorTurn(question, answer, tuple(dict.fromkeys(entities)))
 
 
 def estimate_tokens(text: str) -> int:

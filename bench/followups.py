@@ -2,11 +2,15 @@
 the rewritten one and the hand-written standalone question, and end-to-end pass rates of the
 follow-up turns with a scripted model, or over HTTP with a running service's model.
 
-    python -m bench.followups [--dataset evals/datasets/followups.yaml]
+    python -m bench.followups [--split dev|test|all] [--world NAME] [--dataset FILE ...]
         [--out-dir bench/out/followups] [--database retrieval_quality] [--no-e2e]
-    python -m bench.followups --service http://127.0.0.1:8000 [--model M] [--budget-minutes N]
+    python -m bench.followups --service http://127.0.0.1:8000 [--split test] [--model M]
+        [--budget-minutes N]
 
-The conversations are ``evals/datasets/followups.yaml`` (how they were written: its header).
+The conversations are ``evals/datasets/followups.yaml`` (dev: rewriter rules may be fitted on
+them; how they were written: its header) and ``evals/datasets/test-followups.yaml`` (test:
+frozen, the run of record); ``--split`` picks the side, ``dev`` by default (evals/README.md,
+"dev and test"), and the report says which ran.
 The sample documentation is ingested as ``bench.retrieval_quality`` does it, into the same
 benchmark database on the configured server (a second run embeds nothing); the live data is
 ``local_world``'s estate, in process, at a pinned time.
@@ -73,6 +77,7 @@ from agent.small_model.followups import (
     PassThroughRewriter,
     QueryRewriter,
 )
+from agent.small_model.intents import sensor_types
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import FunctionModel, text_reply
 from agent.tools import build_default_registry
@@ -80,13 +85,13 @@ from agent.tools.base import Retriever
 from agent.tools.downstream import Downstream
 from agent.tools.executor import LocalToolExecutor
 from agent.turns import PriorTurn, prior_turn
-from evals.dataset import DatasetError
+from evals.dataset import DEFAULT_SPLIT, SPLIT_CHOICES, DatasetError, SplitChoice
 from evals.followups import (
-    DEFAULT_FOLLOWUPS_DATASET,
+    DEFAULT_FOLLOWUPS_DATASETS,
     Conversation,
     FollowupDataset,
     Turn,
-    load_followups,
+    load_followup_sets,
     tools_match,
 )
 from evals.retrieval_labels import Caller, SectionKey
@@ -169,12 +174,13 @@ async def score_retrieval(
     dataset: FollowupDataset, searcher: Searcher, world: World
 ) -> list[RetrievalRow]:
     rewriter = DeterministicRewriter()
+    measures = sensor_types(build_default_registry().specs())  # what the tools list
     rows: list[RetrievalRow] = []
     for conversation, index in dataset.follow_ups():
         turn = conversation.turns[index]
         known = known_buildings(world, conversation.caller)
         earlier = [t.prior for t in conversation.turns[:index]]
-        rewrite = rewriter.rewrite_now(turn.question, earlier, known=known)
+        rewrite = rewriter.rewrite_now(turn.question, earlier, known=known, measures=measures)
         queries = {
             "raw": turn.question,
             "rewritten": rewrite.query,
@@ -569,9 +575,9 @@ def _seconds(values_ms: Sequence[float], q: float) -> str:
 def summary_markdown(report: Report) -> str:
     docs = [r for r in report.retrieval if r.recall["raw"] is not None]
     live = [r for r in report.retrieval if r.resolved["raw"] is not None]
-    lines = [f"{len(report.dataset.conversations)} conversations"]
+    lines = [report.dataset.split_line(), "", f"{len(report.dataset.conversations)} conversations"]
     if report.retrieval:
-        lines[0] += (
+        lines[2] += (
             f", {len(report.retrieval)} follow-ups ({len(docs)} documentation, "
             f"{len(live)} with live-data entities)"
         )
@@ -658,13 +664,20 @@ def report_jsonl(report: Report) -> str:
 
 @dataclass(frozen=True)
 class Options:
-    dataset: Path = ROOT / DEFAULT_FOLLOWUPS_DATASET
+    datasets: tuple[Path, ...] = tuple(ROOT / path for path in DEFAULT_FOLLOWUPS_DATASETS)
     out_dir: Path = DEFAULT_OUT_DIR
     database: str = "retrieval_quality"
     e2e: bool = True
     service: str | None = None  # a running service's base URL: end to end over HTTP only
     model: str | None = None  # with ``service``: the per-request model override
     budget_minutes: float | None = None  # with ``service``
+    split: SplitChoice = DEFAULT_SPLIT  # dev (the default), test (the run of record) or all
+    worlds: tuple[str, ...] = ()  # only these worlds' conversations (none: every world)
+
+    def load(self) -> FollowupDataset:
+        return load_followup_sets(
+            self.datasets, split=self.split, worlds=self.worlds, repo_root=ROOT
+        )
 
 
 async def run_benchmark(options: Options) -> Report:
@@ -675,7 +688,7 @@ async def run_benchmark(options: Options) -> Report:
     from serve_app.wiring import build_retriever, embedder_config, reranker_config
 
     settings = load_settings()
-    dataset = load_followups(options.dataset, repo_root=ROOT)
+    dataset = options.load()
     world = build_world()
     embedder = build_embedder(embedder_config(settings))
     reranker = build_reranker(reranker_config(settings))
@@ -696,6 +709,7 @@ async def run_benchmark(options: Options) -> Report:
             {
                 "date": date.today().isoformat(),
                 "command": "python -m bench.followups " + " ".join(sys.argv[1:]),
+                "conversations": dataset.split_line(),
                 "corpus": f"{pages} pages, {chunks} chunks (ingest: {ingest.new} new, "
                 f"{ingest.unchanged} unchanged)",
                 "retriever": f"hybrid, RERANKER={settings.retrieval.reranker}, top {K}, "
@@ -717,7 +731,24 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", type=Path, default=Options.dataset)
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        action="append",
+        help="a conversations file (repeatable; default followups.yaml and test-followups.yaml)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=SPLIT_CHOICES,
+        default=DEFAULT_SPLIT,
+        help="dev (default: may be fitted on), test (frozen: the run of record) or all",
+    )
+    parser.add_argument(
+        "--world",
+        action="append",
+        default=[],
+        help="only this world's conversations (repeatable; default every world)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Options.out_dir)
     parser.add_argument("--database", default=Options.database)
     parser.add_argument("--no-e2e", action="store_true", help="retrieval only")
@@ -735,13 +766,15 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     )
     args = parser.parse_args(argv)
     return Options(
-        args.dataset,
+        tuple(args.dataset) if args.dataset else Options.datasets,
         args.out_dir,
         args.database,
         not args.no_e2e,
         args.service,
         args.model,
         args.budget_minutes,
+        args.split,
+        tuple(w.strip() for item in args.world for w in item.split(",") if w.strip()),
     )
 
 
@@ -751,7 +784,7 @@ async def run_service_benchmark(options: Options) -> Report:
     from serve_app.wiring import eval_config
 
     assert options.service is not None
-    dataset = load_followups(options.dataset, repo_root=ROOT)
+    dataset = options.load()
     secret = eval_secret(eval_config(load_settings()))
     budget = options.budget_minutes * 60 if options.budget_minutes is not None else None
     report = await run_service(
@@ -764,6 +797,7 @@ async def run_service_benchmark(options: Options) -> Report:
         "date": date.today().isoformat(),
         "commit": commit or "-",
         "command": "python -m bench.followups " + " ".join(sys.argv[1:]),
+        "conversations": dataset.split_line(),
         **report.context,
     }
     return report

@@ -1,8 +1,13 @@
 """The router on its own (issue 14, item 2): every golden row's question, asked as its
 caller, against the route the service's planner takes, without a model's time or its noise.
 
-    python -m bench.router [--dataset evals/datasets/golden.yaml]
+    python -m bench.router [--split dev|test|all] [--dataset FILE ...]
         [--out-dir bench/out/router] [--database retrieval_quality]
+
+The rows are golden.yaml's and test.yaml's on ``--split``'s side, ``dev`` by default: routing
+rules are fitted on dev; a routing table of the frozen test rows is asked for by name
+(evals/README.md, "dev and test"). Only rows of the sample world run (the simulators here are
+the sample world's).
 
 Each row runs through the real ``Agent`` (json_schema mode, plan first, composed live
 answers: the local models' path) with the eight tools over the in-process simulators as the
@@ -40,13 +45,21 @@ from pathlib import Path
 
 from agent.loop import Agent
 from agent.small_model.followups import PassThroughRewriter
-from evals.dataset import Case, DatasetError, load_dataset
+from evals.dataset import (
+    DEFAULT_DATASETS,
+    DEFAULT_SPLIT,
+    DEFAULT_WORLD,
+    SPLIT_CHOICES,
+    Case,
+    DatasetError,
+    SplitChoice,
+    load_datasets,
+)
 from evals.report import SERVICE_ROUTES, row_route
 from foundation.identity import AuthUser
 from local_world.claims import encode_flat_claims
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATASET = ROOT / "evals" / "datasets" / "golden.yaml"
 DEFAULT_OUT_DIR = ROOT / "bench" / "out" / "router"
 LIVE_TAGS = frozenset({"live-data", "multi-hop", "unknown-building"})
 LIVE_TOOLS = frozenset(
@@ -186,9 +199,10 @@ def report_markdown(report: Report) -> str:
 
 @dataclass(frozen=True)
 class Options:
-    dataset: Path = DEFAULT_DATASET
+    datasets: tuple[Path, ...] = tuple(ROOT / path for path in DEFAULT_DATASETS)
     out_dir: Path = DEFAULT_OUT_DIR
     database: str = "retrieval_quality"
+    split: SplitChoice = DEFAULT_SPLIT
 
 
 async def run_benchmark(options: Options) -> Report:
@@ -202,7 +216,8 @@ async def run_benchmark(options: Options) -> Report:
     from serve_app.wiring import build_retriever, embedder_config, reranker_config
 
     settings = load_settings()
-    cases = load_dataset(options.dataset).cases
+    dataset = load_datasets(options.datasets).select(split=options.split, worlds=[DEFAULT_WORLD])
+    cases = dataset.cases
     embedder = build_embedder(embedder_config(settings))
     store, _ = await open_sample_store(settings, options.database, embedder)
     make, client = None, None
@@ -217,7 +232,11 @@ async def run_benchmark(options: Options) -> Report:
             {
                 "date": date.today().isoformat(),
                 "command": "python -m bench.router " + " ".join(sys.argv[1:]),
-                "dataset": f"{options.dataset.relative_to(ROOT)} ({len(cases)} rows)",
+                "dataset": f"split {dataset.split}: "
+                + ", ".join(
+                    f"{path.name} {count}" for path, count in dataset.counts_by_file().items()
+                )
+                + f" ({len(cases)} rows of the {DEFAULT_WORLD} world)",
                 "corpus": f"{pages} pages, {chunks} chunks; embedder {settings.embedding.model}",
             }
         )
@@ -234,11 +253,23 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", type=Path, default=Options.dataset)
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        action="append",
+        help="a dataset file (repeatable; default golden.yaml and test.yaml)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=SPLIT_CHOICES,
+        default=DEFAULT_SPLIT,
+        help="dev (default: may be fitted on), test (frozen: the run of record) or all",
+    )
     parser.add_argument("--out-dir", type=Path, default=Options.out_dir)
     parser.add_argument("--database", default=Options.database)
     args = parser.parse_args(argv)
-    return Options(args.dataset.resolve(), args.out_dir, args.database)
+    datasets = tuple(p.resolve() for p in args.dataset) if args.dataset else Options.datasets
+    return Options(datasets, args.out_dir, args.database, args.split)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,15 @@ from typing import TextIO
 
 from rich.console import Console
 
-from evals.dataset import DEFAULT_DATASET, Dataset, DatasetError, load_datasets
+from evals.dataset import (
+    DEFAULT_DATASETS,
+    DEFAULT_SPLIT,
+    SPLIT_CHOICES,
+    Dataset,
+    DatasetError,
+    SplitChoice,
+    load_datasets,
+)
 from evals.judge import JudgeConfig
 from evals.retrieval_eval import SearchRetriever
 from evals.runner import EvalConfig, EvalConfigError, EvalRun, exit_code
@@ -44,7 +52,7 @@ def _split(values: Sequence[str] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    datasets: list[Path] = field(default_factory=lambda: [DEFAULT_DATASET])
+    datasets: list[Path] = field(default_factory=lambda: list(DEFAULT_DATASETS))
     base_url: str | None = None
     concurrency: int = 4
     model: str | None = None
@@ -60,11 +68,13 @@ class EvalOptions:
     no_judge: bool = False
     quiet: bool = False
     rescore: Path | None = None
+    split: SplitChoice | None = None  # None: DEFAULT_SPLIT (a re-score: the saved run's split)
+    worlds: list[str] = field(default_factory=list)
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> EvalOptions:
         return cls(
-            datasets=[Path(p) for p in args.datasets] or [DEFAULT_DATASET],
+            datasets=[Path(p) for p in args.datasets] or list(DEFAULT_DATASETS),
             base_url=args.base_url,
             concurrency=args.concurrency,
             model=args.model,
@@ -80,6 +90,8 @@ class EvalOptions:
             no_judge=args.no_judge,
             quiet=args.quiet,
             rescore=Path(args.rescore) if getattr(args, "rescore", None) else None,
+            split=getattr(args, "split", None),
+            worlds=_split(getattr(args, "world", None)),
         )
 
     def check(self) -> None:
@@ -97,10 +109,36 @@ class EvalOptions:
             raise EvalUsageError("--rescore reads saved answers: drop --model/--models/--retrieval")
         if self.rescore is not None and not self.rescore.is_file():
             raise EvalUsageError(f"--rescore: no such file {self.rescore}")
+        if self.split is not None and self.split not in SPLIT_CHOICES:
+            raise EvalUsageError(f"--split: one of {', '.join(SPLIT_CHOICES)}")
+
+    @property
+    def resolved_split(self) -> SplitChoice:
+        """The split to run: --split, else a re-scored run's own, else ``DEFAULT_SPLIT``."""
+        if self.split is not None:
+            return self.split
+        if self.rescore is not None:
+            saved = _saved_split(self.rescore)
+            if saved is not None:
+                return saved
+        return DEFAULT_SPLIT
 
     @property
     def resolved_out_dir(self) -> Path:
         return self.out_dir or REPORTS_ROOT / date.today().isoformat()
+
+
+def _saved_split(path: Path) -> SplitChoice | None:
+    """The split a saved ``responses.jsonl`` was run on (None: not recorded, or unreadable)."""
+    import json
+
+    try:
+        with path.open(encoding="utf-8") as handle:
+            head = json.loads(handle.readline()).get("run", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    split = head.get("split") if isinstance(head, dict) else None
+    return split if split in SPLIT_CHOICES else None
 
 
 def model_slug(model: str) -> str:
@@ -131,7 +169,9 @@ def run_eval_command(
     """Run the subcommand; returns the exit code (0/1) or raises ``EvalUsageError``."""
     options.check()
     try:
-        dataset = load_datasets(options.datasets).select(options.only, options.tags)
+        dataset = load_datasets(options.datasets).select(
+            options.only, options.tags, options.resolved_split, options.worlds
+        )
     except DatasetError as exc:
         problems = "\n  ".join(exc.problems)
         raise EvalUsageError(f"invalid dataset:\n  {problems}") from None

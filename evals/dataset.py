@@ -4,10 +4,18 @@
 and turns every problem into one line naming the file, the row and the field, e.g.
 ``evals/datasets/golden.yaml: row 7 (id 'x'): xfail: a reason is required``. Rows are
 numbered from 1, as a person reading the file counts them.
+
+Every row is on one side of the dev/test split (issue 42; evals/README.md, "dev and test"):
+its own ``split:`` key, else its file's, else ``test`` (a row nobody put on dev is frozen).
+Its world is its ``world:<name>`` tag, else ``sample`` (the estate and documentation this
+repository serves by default). ``Dataset.select`` picks rows by split and world as well as by
+id and tag.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -27,7 +35,23 @@ from pydantic import (
 )
 
 DEFAULT_DATASET = Path("evals/datasets/golden.yaml")
+TEST_DATASET = Path("evals/datasets/test.yaml")
+# What `agent-service eval` loads when no file is named: the golden set and the frozen rows.
+DEFAULT_DATASETS: tuple[Path, ...] = (DEFAULT_DATASET, TEST_DATASET)
 ROW_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+
+Split = Literal["dev", "test"]
+SplitChoice = Literal["dev", "test", "all"]
+SPLITS: tuple[Split, ...] = ("dev", "test")
+SPLIT_CHOICES: tuple[SplitChoice, ...] = ("dev", "test", "all")
+# `agent-service eval` runs dev unless told otherwise: a run of the frozen side is asked for
+# by name (--split test), never had by default while someone is changing the agent.
+DEFAULT_SPLIT: SplitChoice = "dev"
+# The side of a row whose row and file say nothing: frozen until someone puts it on dev.
+UNASSIGNED_SPLIT: Split = "test"
+WORLD_TAG = "world:"
+DEFAULT_WORLD = "sample"
+WORLD_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 Decision = Literal[
     "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
@@ -138,6 +162,25 @@ class Row(StrictModel):
     rubric: NonEmpty | None = None
     xfail: XFail | None = None
     tags: list[NonEmpty] = Field(default_factory=list)
+    split: Split | None = None  # else the file's `split`, else test
+
+    @field_validator("tags")
+    @classmethod
+    def _one_world(cls, tags: list[str]) -> list[str]:
+        worlds = [t.removeprefix(WORLD_TAG) for t in tags if t.startswith(WORLD_TAG)]
+        if len(worlds) > 1:
+            raise ValueError(f"a row is in one world, not {len(worlds)} ({', '.join(worlds)})")
+        if worlds and not WORLD_PATTERN.match(worlds[0]):
+            raise ValueError(f"world:{worlds[0]}: a world name is like {WORLD_PATTERN.pattern}")
+        return tags
+
+    @property
+    def world(self) -> str:
+        """The world the row is asked in: its ``world:<name>`` tag, else the sample world."""
+        for tag in self.tags:
+            if tag.startswith(WORLD_TAG):
+                return tag.removeprefix(WORLD_TAG)
+        return DEFAULT_WORLD
 
     @field_validator("xfail", mode="before")
     @classmethod
@@ -171,6 +214,7 @@ class Defaults(StrictModel):
 class DatasetFile(StrictModel):
     version: Literal[1]
     description: str | None = None
+    split: Split | None = None  # the side of the rows that name none
     defaults: Defaults | None = None
     rows: Annotated[list[Row], Field(min_length=1)]
 
@@ -183,10 +227,15 @@ class Case:
     user: Identity
     file: Path
     index: int  # 1-based position in its file
+    split: Split = UNASSIGNED_SPLIT  # the row's, else its file's, else test
 
     @property
     def id(self) -> str:
         return self.row.id
+
+    @property
+    def world(self) -> str:
+        return self.row.world
 
 
 @dataclass(frozen=True)
@@ -194,27 +243,82 @@ class Dataset:
     files: tuple[Path, ...]
     description: str | None
     cases: tuple[Case, ...]
+    split: SplitChoice = "all"  # the side selected (all: no selection by side)
+    worlds: tuple[str, ...] = ()  # the worlds selected (none: every world)
+    loaded: int | None = None  # rows in the files before any selection
 
     @property
     def name(self) -> str:
         return "+".join(path.stem for path in self.files)
 
-    def select(self, only: Iterable[str] = (), tags: Iterable[str] = ()) -> Dataset:
-        """Rows whose id is in ``only`` (when given) and that carry any of ``tags`` (when
-        given). An unknown id is an error: a typo must not silently run nothing."""
-        wanted, tagged = list(only), set(tags)
-        known = {case.id for case in self.cases}
-        unknown = [item for item in wanted if item not in known]
-        if unknown:
-            raise DatasetError([f"{self.name}: --only: no row with id {i!r}" for i in unknown])
+    @property
+    def rows_in_files(self) -> int:
+        return len(self.cases) if self.loaded is None else self.loaded
+
+    def select(
+        self,
+        only: Iterable[str] = (),
+        tags: Iterable[str] = (),
+        split: SplitChoice = "all",
+        worlds: Iterable[str] = (),
+    ) -> Dataset:
+        """Rows on ``split``'s side (all: both), in any of ``worlds`` (when given), whose id is
+        in ``only`` (when given) and that carry any of ``tags`` (when given). An unknown id or
+        world is an error, and so is an id the split or world leaves out: a typo must not
+        silently run nothing, and a test row is never run by a dev run."""
+        wanted, tagged, places = list(only), set(tags), tuple(dict.fromkeys(worlds))
+        problems: list[str] = []
+        known_worlds = sorted({case.world for case in self.cases})
+        for world in places:
+            if world not in known_worlds:
+                problems.append(
+                    f"{self.name}: --world: no row in world {world!r} "
+                    f"(worlds in the files: {', '.join(known_worlds)})"
+                )
+        by_id = {case.id: case for case in self.cases}
+        for item in wanted:
+            case = by_id.get(item)
+            if case is None:
+                problems.append(f"{self.name}: --only: no row with id {item!r}")
+            elif split != "all" and case.split != split:
+                problems.append(
+                    f"{self.name}: --only: row {item!r} is on the {case.split} split, not "
+                    f"{split} (pass --split {case.split} or --split all)"
+                )
+            elif places and case.world not in places:
+                problems.append(f"{self.name}: --only: row {item!r} is in world {case.world!r}")
+        if problems:
+            raise DatasetError(problems)
         cases = tuple(
             case
             for case in self.cases
-            if (not wanted or case.id in wanted) and (not tagged or tagged & set(case.row.tags))
+            if (split == "all" or case.split == split)
+            and (not places or case.world in places)
+            and (not wanted or case.id in wanted)
+            and (not tagged or tagged & set(case.row.tags))
         )
         if not cases:
-            raise DatasetError([f"{self.name}: no row matches the selection"])
-        return Dataset(self.files, self.description, cases)
+            sides = Counter(case.split for case in self.cases)
+            held = ", ".join(f"{side} {sides[side]}" for side in SPLITS)
+            raise DatasetError(
+                [f"{self.name}: no row matches the selection (--split {split}; sides: {held})"]
+            )
+        # a selection of a selection keeps the narrower split and worlds in its record
+        recorded = split if split != "all" else self.split
+        return Dataset(
+            self.files, self.description, cases, recorded, places or self.worlds, self.rows_in_files
+        )
+
+    def counts_by_file(self) -> dict[Path, int]:
+        """Rows per file, in the files' order (files with no row selected included)."""
+        counts = Counter(case.file for case in self.cases)
+        return {path: counts[path] for path in self.files}
+
+    def counts_by_split_and_world(self) -> dict[tuple[Split, str], int]:
+        """Rows per (split, world), dev before test, worlds by name."""
+        counts = Counter((case.split, case.world) for case in self.cases)
+        order = sorted(counts, key=lambda key: (SPLITS.index(key[0]), key[1]))
+        return {key: counts[key] for key in order}
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -329,10 +433,16 @@ def parse_dataset(path: Path, raw: object) -> Dataset:
         raise DatasetError(duplicates)
     default = parsed.defaults.as_ if parsed.defaults and parsed.defaults.as_ else None
     cases = tuple(
-        Case(row=row, user=row.as_ or default or FALLBACK_IDENTITY, file=path, index=index)
+        Case(
+            row=row,
+            user=row.as_ or default or FALLBACK_IDENTITY,
+            file=path,
+            index=index,
+            split=row.split or parsed.split or UNASSIGNED_SPLIT,
+        )
         for index, row in enumerate(parsed.rows, start=1)
     )
-    return Dataset(files=(path,), description=parsed.description, cases=cases)
+    return Dataset(files=(path,), description=parsed.description, cases=cases, loaded=len(cases))
 
 
 def read_yaml(path: Path) -> object:
@@ -382,8 +492,10 @@ def load_datasets(paths: Sequence[Path | str]) -> Dataset:
     if problems:
         raise DatasetError(problems)
     descriptions = [d.description for d in loaded if d.description]
+    cases = tuple(c for d in loaded for c in d.cases)
     return Dataset(
         files=tuple(f for d in loaded for f in d.files),
         description=" / ".join(descriptions) or None,
-        cases=tuple(c for d in loaded for c in d.cases),
+        cases=cases,
+        loaded=len(cases),
     )

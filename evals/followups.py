@@ -6,11 +6,17 @@ sections, live-data tool calls). Read and checked here; run by ``bench.followups
 A documentation label is checked against the pages as ``evals.retrieval_labels`` checks the
 retrieval benchmark's (the page exists, the heading names one section, the caller may read
 it), so a renamed heading fails loudly instead of scoring zero.
+
+Split and world (issue 42; evals/README.md, "dev and test"): a file's ``split:`` key puts its
+conversations on dev or test (no key: test, as for golden rows): ``followups.yaml`` is dev,
+``test-followups.yaml`` test. Its ``world:`` key names the world they are asked in (default
+``sample``). ``load_followup_sets`` loads several files as one run and selects by both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +25,19 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints, ValidationError
 
 from agent.turns import PriorTurn
-from evals.dataset import ROW_ID_PATTERN, DatasetError, NonEmpty, StrictModel, read_yaml
+from evals.dataset import (
+    DEFAULT_WORLD,
+    ROW_ID_PATTERN,
+    SPLITS,
+    UNASSIGNED_SPLIT,
+    WORLD_PATTERN,
+    DatasetError,
+    NonEmpty,
+    Split,
+    SplitChoice,
+    StrictModel,
+    read_yaml,
+)
 from evals.retrieval_labels import (
     ANSWERS,
     RELATED,
@@ -34,12 +52,15 @@ from evals.retrieval_labels import (
 from foundation.acl import is_visible
 
 DEFAULT_FOLLOWUPS_DATASET = Path("evals/datasets/followups.yaml")
+TEST_FOLLOWUPS_DATASET = Path("evals/datasets/test-followups.yaml")
+DEFAULT_FOLLOWUPS_DATASETS: tuple[Path, ...] = (DEFAULT_FOLLOWUPS_DATASET, TEST_FOLLOWUPS_DATASET)
 
 
 class _TurnModel(StrictModel):
     q: NonEmpty
     a: str = ""
-    ids: list[NonEmpty] = Field(default_factory=list)
+    # kind (as the tools' schemas name it: building, room) -> the ids of that kind
+    ids: dict[NonEmpty, list[NonEmpty]] = Field(default_factory=dict)
     standalone: NonEmpty | None = None
     answers: list[NonEmpty] = Field(default_factory=list)
     related: list[NonEmpty] = Field(default_factory=list)
@@ -55,6 +76,8 @@ class _ConversationModel(StrictModel):
 class _FileModel(StrictModel):
     version: int
     docs: NonEmpty
+    split: Split | None = None  # the side of every conversation of the file (none: test)
+    world: Annotated[str, StringConstraints(pattern=WORLD_PATTERN.pattern)] = DEFAULT_WORLD
     callers: Annotated[dict[NonEmpty, CallerModel], Field(min_length=1)]
     conversations: Annotated[list[_ConversationModel], Field(min_length=1)]
 
@@ -66,7 +89,7 @@ class Turn:
 
     question: str
     answer: str  # the stored answer the retrieval part's rewriter reads (earlier turns)
-    ids: tuple[str, ...]  # the building/room ids its tools used (earlier turns)
+    ids: tuple[tuple[str, str], ...]  # (kind, id) of what its tools used (earlier turns)
     standalone: str | None
     labels: tuple[Label, ...]
     tools: Mapping[str, Mapping[str, Any]]
@@ -89,6 +112,9 @@ class Conversation:
     id: str
     caller: Caller
     turns: tuple[Turn, ...]
+    split: Split = UNASSIGNED_SPLIT
+    world: str = DEFAULT_WORLD
+    file: Path | None = None
 
     @property
     def kind(self) -> str:
@@ -100,13 +126,67 @@ class Conversation:
 
 @dataclass(frozen=True)
 class FollowupDataset:
-    path: Path
+    path: Path  # the first file
     corpus: DocCorpus
     conversations: tuple[Conversation, ...]
+    paths: tuple[Path, ...] = ()  # every file of the run (empty: ``path`` alone)
+    split: SplitChoice = "all"  # the side selected
+    worlds: tuple[str, ...] = ()  # the worlds selected (none: every world)
+    loaded: int | None = None  # conversations in the files before any selection
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.paths or (self.path,)
 
     def follow_ups(self) -> list[tuple[Conversation, int]]:
         """Every follow-up as (conversation, index of the turn)."""
         return [(c, i) for c in self.conversations for i in range(1, len(c.turns))]
+
+    def select(self, split: SplitChoice = "all", worlds: Iterable[str] = ()) -> FollowupDataset:
+        """The conversations on ``split``'s side (all: both) in any of ``worlds`` (when
+        given); an unknown world, or nothing left, is an error."""
+        places = tuple(dict.fromkeys(worlds))
+        known = sorted({c.world for c in self.conversations})
+        unknown = [w for w in places if w not in known]
+        if unknown:
+            raise DatasetError(
+                [
+                    f"--world: no conversation in world {w!r} (worlds: {', '.join(known)})"
+                    for w in unknown
+                ]
+            )
+        chosen = tuple(
+            c
+            for c in self.conversations
+            if (split == "all" or c.split == split) and (not places or c.world in places)
+        )
+        if not chosen:
+            sides = Counter(c.split for c in self.conversations)
+            held = ", ".join(f"{side} {sides[side]}" for side in SPLITS)
+            names = ", ".join(str(p) for p in self.files)
+            raise DatasetError([f"{names}: no conversation on --split {split} ({held})"])
+        loaded = self.loaded if self.loaded is not None else len(self.conversations)
+        return FollowupDataset(
+            self.path,
+            self.corpus,
+            chosen,
+            self.files,
+            split if split != "all" else self.split,
+            places or self.worlds,
+            loaded,
+        )
+
+    def split_line(self) -> str:
+        """``split dev: 41 conversations, 46 follow-ups (followups.yaml 41, ...) of 69``."""
+        per_file = Counter(c.file.name for c in self.conversations if c.file is not None)
+        files = ", ".join(f"{p.name} {per_file.get(p.name, 0)}" for p in self.files)
+        loaded = self.loaded if self.loaded is not None else len(self.conversations)
+        worlds = Counter(c.world for c in self.conversations)
+        return (
+            f"split {self.split}: {len(self.conversations)} conversations, "
+            f"{len(self.follow_ups())} follow-ups ({files}) of {loaded} in the files; worlds "
+            + ", ".join(f"{w} {n}" for w, n in sorted(worlds.items()))
+        )
 
 
 def load_followups(path: Path | str, *, repo_root: Path | None = None) -> FollowupDataset:
@@ -140,10 +220,65 @@ def load_followups(path: Path | str, *, repo_root: Path | None = None) -> Follow
             _turn(t, index, caller, corpus, f"{where}: turn {index + 1}", problems)
             for index, t in enumerate(conversation.turns)
         ]
-        conversations.append(Conversation(conversation.id, caller, tuple(turns)))
+        conversations.append(
+            Conversation(
+                conversation.id,
+                caller,
+                tuple(turns),
+                model.split or UNASSIGNED_SPLIT,
+                model.world,
+                path,
+            )
+        )
     if problems:
         raise DatasetError(problems)
-    return FollowupDataset(path, corpus, tuple(conversations))
+    return FollowupDataset(path, corpus, tuple(conversations), loaded=len(conversations))
+
+
+def load_followup_sets(
+    paths: Sequence[Path | str],
+    *,
+    split: SplitChoice = "all",
+    worlds: Iterable[str] = (),
+    repo_root: Path | None = None,
+) -> FollowupDataset:
+    """Several files as one run (the same ``docs`` folder; conversation ids unique across
+    them), then the conversations of ``split`` and ``worlds``; raises ``DatasetError``."""
+    problems: list[str] = []
+    loaded: list[FollowupDataset] = []
+    for path in paths:
+        try:
+            loaded.append(load_followups(path, repo_root=repo_root))
+        except DatasetError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise DatasetError(problems)
+    if not loaded:
+        raise DatasetError(["no follow-up dataset given"])
+    first = loaded[0]
+    owner: dict[str, Path] = {}
+    for dataset in loaded:
+        if dataset.corpus.docs.resolve() != first.corpus.docs.resolve():
+            problems.append(
+                f"{dataset.path}: docs {dataset.corpus.docs} is not {first.path}'s "
+                f"{first.corpus.docs}: run files over other documentation apart"
+            )
+        for conversation in dataset.conversations:
+            seen = owner.setdefault(conversation.id, dataset.path)
+            if seen != dataset.path:
+                problems.append(
+                    f"{dataset.path}: conversation {conversation.id!r}: id already used by {seen}"
+                )
+    if problems:
+        raise DatasetError(problems)
+    merged = FollowupDataset(
+        first.path,
+        first.corpus,
+        tuple(c for d in loaded for c in d.conversations),
+        tuple(d.path for d in loaded),
+        loaded=sum(len(d.conversations) for d in loaded),
+    )
+    return merged.select(split, worlds)
 
 
 def _turn(
@@ -174,7 +309,7 @@ def _turn(
     return Turn(
         question=turn.q,
         answer=turn.a,
-        ids=tuple(turn.ids),
+        ids=tuple((kind, i) for kind, ids in turn.ids.items() for i in ids),
         standalone=turn.standalone,
         labels=tuple(labels),
         tools={name: dict(args) for name, args in turn.tools.items()},

@@ -53,38 +53,42 @@ ANSWERED_RUBRIC = (
     "not know a detail), rather than declining or refusing it as out of scope."
 )
 
-# Worked examples, from another domain than any golden row (a print shop), in the judge's
-# system prompt: a 1.5B judge read "must not give a value" as "must give a value" and
-# failed correct "not found" and "no sensor" answers (2026-12-02). Two pass, two fail.
+# Worked examples, from another domain than any golden row (a bike-rental shop), in the
+# judge's system prompt: a 1.5B judge read "must not give a value" as "must give a value" and
+# failed correct "not found" and "no sensor" answers (2026-12-02). Two pass, two fail. Written
+# afresh on 2026-12-08 (issue 42): the print-shop examples before them copied the agent's own
+# not-found and IDK sentences, so the judge was taught the agent's wording. No run of 6 words
+# here may appear under agent/ (tests/evals/test_judge_prompt_independent.py).
 CALIBRATION: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     (
-        "What is the ink level of printer P-4?",
-        "No ink cartridge is installed in printer P-4, so there is no ink level for it.",
-        "Says P-4 has no ink cartridge installed, or that it does not know. It must not give "
-        "an ink level.",
-        {"reason": "It says no cartridge is installed and gives no ink level, as the rubric "
-         "asks.", "pass": True, "score": 1.0},
+        "What is the tyre pressure on rental bike B-4?",
+        "B-4 has no pressure gauge fitted, so nobody records its tyre pressure.",
+        "Says B-4 has no pressure gauge, or that it does not know. It must not give "
+        "a tyre pressure.",
+        {"reason": "It says there is no gauge and states no pressure, which the rubric "
+         "accepts.", "pass": True, "score": 1.0},
     ),
     (
-        "How many pages did printer P-99 print today?",
-        "I could not find printer P-99: it does not exist, or you do not have access to it.",
-        "Says the printer was not found or is not accessible, without inventing a page count.",
-        {"reason": "It says the printer was not found and invents no count.", "pass": True,
-         "score": 1.0},
+        "How far has bike B-99 been ridden this week?",
+        "There is no B-99 in the fleet list I can see, so I have no distance for it.",
+        "Says the bike was not found or is not visible to the user, without inventing a "
+        "distance.",
+        {"reason": "It reports the bike as missing from the list and makes up no distance.",
+         "pass": True, "score": 1.0},
     ),
     (
-        "How many jobs are waiting at printer P-2?",
-        "I don't know based on the available data.",
-        "Gives the current number of waiting jobs as a concrete number.",
-        {"reason": "The rubric wants a concrete number; the answer gives none.", "pass": False,
+        "How many bikes are docked at the Mill Street station?",
+        "Sorry, that is not something I can tell from what I was given.",
+        "Gives the number of bikes docked there now as a concrete number.",
+        {"reason": "A concrete number was required; the reply offers none.", "pass": False,
          "score": 0.0},
     ),
     (
-        "How much toner is left in printer P-7?",
-        "Printer P-7 has 40% toner left.",
-        "Says P-7's toner sensor is offline (no current reading), or that it does not know. It "
-        "must not give a toner level.",
-        {"reason": "It gives a toner level, which the rubric forbids.", "pass": False,
+        "How charged is the battery of e-bike E-7?",
+        "E-bike E-7's battery is at 40%.",
+        "Says E-7's battery monitor is offline (no current reading), or that it does not "
+        "know. It must not give a charge level.",
+        {"reason": "It states a charge level, which the rubric rules out.", "pass": False,
          "score": 0.0},
     ),
 )  # fmt: skip

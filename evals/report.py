@@ -7,14 +7,17 @@ message and a ``not_checked`` property), XPASS a passing case carrying an ``xpas
 property, or a ``failure`` under ``--strict``.
 
 The pass rate everywhere is fully passed rows (PASS + XPASS) over all rows; the Markdown
-report says so, and breaks it down per route (the kind of row, from its tags), and the rows
-the model wrote apart from those the service wrote (``answered_by``), per route.
+report says so, and breaks it down per split and world, and per route (the kind of row, from
+its tags), and gives the rows the model wrote apart from those the service wrote
+(``answered_by``), per route. Its header says which split ran (dev, test: the run of record,
+or all), from which files, and how many rows.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -70,6 +73,25 @@ def pass_rate_rule(run: EvalRun) -> str:
     )
 
 
+SPLIT_MEANINGS = {
+    "dev": "dev: rules, thresholds and prompts may be fitted on these rows; not a run of record",
+    "test": "test: frozen rows, not read while changing the agent; the run of record",
+    "all": "all: dev and test together; quote the test rows' figures (per split, below) apart",
+}
+
+
+def split_line(run: EvalRun) -> str:
+    """Which split ran and how many rows, from which files: ``split test: 115 rows
+    (golden.yaml 26, test.yaml 89) of 156 in the files``."""
+    per_file = Counter(Path(r.file).name for r in run.results)
+    files = [Path(f).name for f in run.files] or list(per_file)
+    counts = ", ".join(f"{name} {per_file.get(name, 0)}" for name in files)
+    held = f" of {run.rows_in_files} in the files" if run.rows_in_files is not None else ""
+    worlds = f"; worlds {', '.join(run.worlds)}" if run.worlds else ""
+    rows = f"{run.total} row" + ("" if run.total == 1 else "s")
+    return f"split {run.split or 'not recorded'}: {rows} ({counts}){held}{worlds}"
+
+
 def row_route(tags: Sequence[str]) -> str:
     for tag, route in ROUTES:
         if tag in tags:
@@ -108,6 +130,7 @@ def junit_xml(run: EvalRun, *, strict: bool | None = None) -> str:
         ("base_url", run.base_url),
         ("model", run.label),
         ("judge_model", run.judge_model or "none"),
+        ("split", run.split or "not recorded"),
         ("pass_rate", f"{run.pass_rate:.4f}"),
     ):
         ET.SubElement(props, "property", name=name, value=_xml_text(value))
@@ -199,6 +222,7 @@ def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
         _header(run, strict)
         + _warnings(run)
         + _totals(run)
+        + _splits(run)
         + _routes(run)
         + _authors(run)
         + _router(run)
@@ -227,6 +251,9 @@ def _header(run: EvalRun, strict: bool) -> list[str]:
         f"- Base URL: `{run.base_url}`",
         f"- Answer model: {run.label}" + (" (per-request override)" if run.model else ""),
         f"- Judge model: {run.judge_model or 'none (rubric expectations not checked)'}",
+        f"- Split: {SPLIT_MEANINGS.get(run.split or '', run.split or 'not recorded')}",
+        f"- Ran: {md_cell(split_line(run))}",
+        "- Files: " + (", ".join(f"`{f}`" for f in run.files) or "not recorded"),
         f"- Rows: {run.total}; pass rate {pass_rate_rule(run)}"
         + ("; strict: XPASS fails the run" if strict else ""),
         f"- Partially checked (PARTIAL, not passes): {run.counts[Status.PARTIAL]} rows whose "
@@ -276,6 +303,35 @@ def _totals(run: EvalRun) -> list[str]:
     return lines
 
 
+def _part(run: EvalRun, rows: list[RowResult]) -> EvalRun:
+    return EvalRun(
+        run.base_url, run.dataset, run.model, None, run.started_at, run.finished_at, rows
+    )
+
+
+def _splits(run: EvalRun) -> list[str]:
+    """Rows and pass rates per split and world: the test rows' figure stands apart."""
+    groups: dict[tuple[str, str], list[RowResult]] = {}
+    order = {"dev": 0, "test": 1}
+    for r in run.results:
+        groups.setdefault((r.split or "-", r.world or "-"), []).append(r)
+    lines = [
+        "## Per split and world",
+        "",
+        "| split | world | rows | fully passed | pass rate | PARTIAL | FAIL | ERROR | XFAIL |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for split, world in sorted(groups, key=lambda key: (order.get(key[0], 2), key)):
+        part = _part(run, groups[(split, world)])
+        c = part.counts
+        lines.append(
+            f"| {split} | {world} | {part.total} | {part.fully_passed} "
+            f"| {fmt_rate(part.pass_rate)} | {c[Status.PARTIAL]} | {c[Status.FAIL]} "
+            f"| {c[Status.ERROR]} | {c[Status.XFAIL]} |"
+        )
+    return [*lines, ""]
+
+
 def route_groups(results: Sequence[RowResult]) -> dict[str, list[RowResult]]:
     """Rows by route, in ``ROUTES`` order (routes with no row left out)."""
     groups: dict[str, list[RowResult]] = {route: [] for _, route in ROUTES}
@@ -309,13 +365,6 @@ def _routes(run: EvalRun) -> list[str]:
 
 
 AUTHORS = ("model", "service")  # AgentAnswer.answered_by
-
-
-def _part(run: EvalRun, rows: list[RowResult]) -> EvalRun:
-    """``rows`` as a run of their own (their counts, pass rate and latency)."""
-    return EvalRun(
-        run.base_url, run.dataset, run.model, None, run.started_at, run.finished_at, rows
-    )
 
 
 def _author_cells(run: EvalRun, rows: Sequence[RowResult]) -> str:
@@ -507,7 +556,7 @@ _STYLES = {
 def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None) -> None:
     """Rows that need attention, totals, and a loud line per stale xfail marker."""
     strict = run.strict if strict is None else strict
-    table = Table(title=f"eval {run.dataset}: {run.label}", show_lines=False)
+    table = Table(title=f"eval {run.dataset} ({run.split or '-'}): {run.label}", show_lines=False)
     for column, justify in (
         ("id", "left"),
         ("status", "left"),
@@ -531,6 +580,7 @@ def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None)
     console.print(table)
     counts = run.counts
     parts = [f"{counts[s]} {s.value}" for s in Status if counts[s]]
+    console.print(split_line(run), highlight=False)
     console.print(
         f"{run.total} rows: {', '.join(parts)}; pass rate {pass_rate_rule(run)}; "
         f"p50 {fmt_ms(run.p50_ms)}, p95 {fmt_ms(run.p95_ms)}; "

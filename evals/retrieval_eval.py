@@ -52,6 +52,7 @@ class RetrievalReport:
     dataset: str
     k: int
     rows: list[RetrievalRow]
+    split: str = "all"  # the split the rows were selected from (dev, test or all)
 
     @property
     def mean_recall(self) -> float:
@@ -113,14 +114,14 @@ async def run_retrieval_eval(
             case.row.question.strip(), acl=user_acl(case.user), top_k=fetch
         )
         rows.append(score_sources(case.id, expected, distinct_sources(hits)[:k]))
-    return RetrievalReport(dataset=dataset.name, k=k, rows=rows)
+    return RetrievalReport(dataset=dataset.name, k=k, rows=rows, split=dataset.split)
 
 
 def retrieval_markdown(report: RetrievalReport) -> str:
     lines = [
         f"# Retrieval eval: {report.dataset}",
         "",
-        f"{len(report.rows)} rows with cited_sources; k = {report.k}; "
+        f"split {report.split}: {len(report.rows)} rows with cited_sources; k = {report.k}; "
         f"mean recall@{report.k} {report.mean_recall:.3f}; MRR@{report.k} {report.mrr:.3f}",
         "",
         f"| id | recall@{report.k} | RR | first rank | missing | top sources |",

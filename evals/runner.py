@@ -102,6 +102,8 @@ class RowResult:
     error: str | None = None  # ERROR rows: what went wrong
     response: dict[str, Any] | None = None  # the /ask body as received (responses.jsonl)
     verdicts: dict[str, dict[str, Any]] | None = None  # judge verdicts by assertion name
+    split: str | None = None  # dev or test (None: a saved row not matched to the dataset)
+    world: str | None = None  # the world the row is asked in (its world:<name> tag)
 
     @property
     def failed_assertions(self) -> list[AssertionResult]:
@@ -134,6 +136,10 @@ class EvalRun:
     warnings: list[str] = field(default_factory=list)
     strict: bool = False
     rescored_from: str | None = None  # saved answers scored again: not a fresh run
+    split: str | None = None  # the split selected: dev, test or all (None: not recorded)
+    files: tuple[str, ...] = ()  # the dataset files the rows were selected from
+    rows_in_files: int | None = None  # rows those files hold before any selection
+    worlds: tuple[str, ...] = ()  # the worlds selected (none: every world of the files)
 
     @property
     def fully_passed(self) -> int:
@@ -365,6 +371,8 @@ class _Runner:
             question=row.question,
             status=Status.ERROR,
             tags=list(row.tags),
+            split=case.split,
+            world=case.world,
         )
         body: dict[str, Any] = {"question": row.question}
         if self.model:
@@ -451,6 +459,8 @@ def rescore(dataset: Dataset, saved: EvalRun, source: str = "saved answers") -> 
             question=row.question,
             status=Status.ERROR,
             tags=list(row.tags),
+            split=case.split,
+            world=case.world,
         )
         if old is None or old.response is None:
             result.error = old.error if old is not None else "not in the saved run"
@@ -480,7 +490,19 @@ def rescore(dataset: Dataset, saved: EvalRun, source: str = "saved answers") -> 
             setattr(result, key, getattr(old, key))
         result.answered_by = answer.answered_by
         results.append(score_answer(result, case, answer, verdicts, saved.model))
-    return dataclasses.replace(saved, results=results, rescored_from=source)
+    return dataclasses.replace(
+        saved, results=results, rescored_from=source, **selection_of(dataset)
+    )
+
+
+def selection_of(dataset: Dataset) -> dict[str, Any]:
+    """What a run records of its dataset's selection (``EvalRun`` fields)."""
+    return {
+        "split": dataset.split,
+        "files": tuple(str(path) for path in dataset.files),
+        "rows_in_files": dataset.rows_in_files,
+        "worlds": dataset.worlds,
+    }
 
 
 def write_responses(run: EvalRun, path: Path) -> Path:
@@ -494,6 +516,10 @@ def write_responses(run: EvalRun, path: Path) -> Path:
         "started_at": run.started_at.isoformat(),
         "finished_at": run.finished_at.isoformat(),
         "rescored_from": run.rescored_from,
+        "split": run.split,
+        "files": list(run.files),
+        "rows_in_files": run.rows_in_files,
+        "worlds": list(run.worlds),
     }
     lines = [json.dumps({"run": header})]
     for r in run.results:
@@ -556,6 +582,10 @@ def read_responses(path: Path) -> EvalRun:
         finished_at=datetime.fromisoformat(head["finished_at"]),
         results=results,
         rescored_from=head.get("rescored_from"),
+        split=head.get("split"),
+        files=tuple(head.get("files") or ()),
+        rows_in_files=head.get("rows_in_files"),
+        worlds=tuple(head.get("worlds") or ()),
     )
 
 
@@ -620,7 +650,7 @@ async def run_eval(
         tally: Counter[Status] = Counter()
         with _progress(console, progress) as bar:
             task = bar.add_task(
-                f"eval {dataset.name}" + (f" [{model}]" if model else ""),
+                f"eval {dataset.name} ({dataset.split})" + (f" [{model}]" if model else ""),
                 total=len(dataset.cases),
                 tally="",
             )
@@ -681,6 +711,7 @@ async def run_eval(
         judge=judge.stats if judge is not None else None,
         warnings=warnings,
         strict=strict,
+        **selection_of(dataset),
     )
     if judge is not None:
         # what actually answered: the service's replies and the judge's own replies

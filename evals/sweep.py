@@ -15,7 +15,7 @@ from typing import Any
 
 from evals.dataset import Dataset
 from evals.judge import JudgeConfig
-from evals.report import fmt_ms, fmt_rate, fmt_usd, md_cell
+from evals.report import fmt_ms, fmt_rate, fmt_usd, md_cell, split_line
 from evals.runner import EvalConfig, EvalRun, Status, run_eval
 
 TASK_CPUS = 0.25
@@ -113,6 +113,7 @@ def comparison_markdown(runs: Sequence[EvalRun]) -> str:
     lines = [
         f"# Model sweep: {runs[0].dataset if runs else ''}",
         "",
+        f"{split_line(runs[0]) if runs else ''}. "
         f"Base URL `{runs[0].base_url if runs else ''}`; judge "
         f"{(runs[0].judge_model if runs else None) or 'none'}. Pass rate = fully passed "
         "(PASS + XPASS: every declared expectation checked and held) / all rows; PARTIAL rows "

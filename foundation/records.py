@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CitationOut", "CostOut", "HopUsageOut", "ToolCallTrace", "UsageOut"]
+__all__ = ["CitationOut", "CostOut", "EntityRefOut", "HopUsageOut", "ToolCallTrace", "UsageOut"]
 
 
 class CitationOut(BaseModel):
@@ -23,6 +23,15 @@ class CitationOut(BaseModel):
     snippet: str
 
 
+class EntityRefOut(BaseModel):
+    """An entity id a tool call was given, with the kind its argument's schema declares."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str = Field(description="What the id names, as the tool's schema declares it.")
+    id: str
+
+
 class ToolCallTrace(BaseModel):
     """One tool call of a run's trace: the call and how it ended, not its result."""
 
@@ -33,6 +42,11 @@ class ToolCallTrace(BaseModel):
     ok: bool
     error: str | None = None
     duration_ms: float
+    entities: tuple[EntityRefOut, ...] = Field(
+        default=(),
+        description="The entity ids among the arguments, each with its kind (building, room, "
+        "...): what a follow-up in the same conversation may refer back to.",
+    )
 
 
 class HopUsageOut(BaseModel):

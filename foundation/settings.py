@@ -730,6 +730,27 @@ class ServeSection(Section):
         validation_alias="START_LOCAL_LLM",
         description="`serve` starts the local LLM app. Unset: when no provider key is set.",
     )
+    local_world_file: Path | None = Field(
+        default=None,
+        validation_alias="LOCAL_WORLD_FILE",
+        description="The estate the local twin/sensor simulators serve: a world file (YAML or "
+        "JSON, local_world/README.md), e.g. `local_world/worlds/second.yaml`; relative to the "
+        "working directory. It also names the chat page's development users and the default "
+        "caller of `agent-service ask`. Unset: the sample world "
+        "(`local_world/worlds/sample.yaml`).",
+    )
+
+    @field_validator("local_world_file", mode="before")
+    @classmethod
+    def _blank_world_file(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("local_world_file")
+    @classmethod
+    def _world_file_suffix(cls, value: Path | None) -> Path | None:
+        if value is not None and value.suffix.lower() not in {".yaml", ".yml", ".json"}:
+            raise ValueError(f"must name a .yaml, .yml or .json world file, got {str(value)!r}")
+        return value
 
 
 class RaySection(Section):

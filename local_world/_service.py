@@ -119,8 +119,11 @@ class ServiceControl:
     """Per-app mutable state: faults and the request log. Thread-safe, because tests drive it
     from the test thread while the app runs in a server thread."""
 
-    def __init__(self, name: str, faults: Faults | None = None, *, seed: int = 0) -> None:
+    def __init__(
+        self, name: str, faults: Faults | None = None, *, seed: int = 0, world: str | None = None
+    ) -> None:
         self.name = name
+        self.world = world  # the name of the world served (``GET /_control`` shows it)
         self._initial = dataclasses.replace(faults) if faults else Faults()
         self.faults = dataclasses.replace(self._initial)
         self._rng = random.Random(seed)
@@ -260,7 +263,11 @@ def install(app: FastAPI, control: ServiceControl) -> None:
     @app.get("/_control")
     async def read_control(request: Request) -> dict[str, Any]:
         require_loopback(request)
-        return {"service": control.name, "faults": dataclasses.asdict(control.faults)}
+        return {
+            "service": control.name,
+            "world": control.world,
+            "faults": dataclasses.asdict(control.faults),
+        }
 
     @app.post("/_control")
     async def write_control(request: Request, patch: FaultsPatch) -> dict[str, Any]:

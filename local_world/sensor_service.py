@@ -115,7 +115,7 @@ def create_sensor_app(
     app = FastAPI(
         title="local sensor-service", docs_url=None, redoc_url=None, telemetry=FASTAPI_TELEMETRY_OFF
     )
-    control = ServiceControl("sensor-service", faults, seed=seed)
+    control = ServiceControl("sensor-service", faults, seed=seed, world=world.name)
     install(app, control)
 
     def leaked(exclude_building: str | None, exclude_room: str | None) -> list[Sensor]:

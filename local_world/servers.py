@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import socket
 import sys
@@ -22,10 +23,14 @@ from local_world.clock import Clock, FixedClock, system_clock
 from local_world.scripted_llm import DEFAULT_EMBEDDING_DIM, ScriptedLLM, create_llm_app
 from local_world.sensor_service import create_sensor_app
 from local_world.twin_service import create_twin_app
-from local_world.world import DEFAULT_SEED, build_world
+from local_world.world import load_world
+from local_world.world_file import WorldFileError
 
 DEFAULT_TWIN_PORT = 8101
 DEFAULT_SENSOR_PORT = 8102
+# The variable naming the world file (a setting of the service, ``LOCAL_WORLD_FILE``, which
+# ``agent-service serve`` passes on as ``--world``); read here only as ``--world``'s default.
+WORLD_FILE_VARIABLE = "LOCAL_WORLD_FILE"
 
 
 def _base_url(host: str, port: int) -> str:
@@ -114,7 +119,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_EMBEDDING_DIM,
         help="scripted LLM embedding size when a request names no 'dimensions'",
     )
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="readings seed")
+    parser.add_argument(
+        "--world",
+        type=Path,
+        default=os.environ.get(WORLD_FILE_VARIABLE) or None,
+        help="the estate to serve: a world file (YAML or JSON, local_world/README.md); "
+        f"default: ${WORLD_FILE_VARIABLE}, else the sample world",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="readings seed (default: the world file's)"
+    )
     parser.add_argument(
         "--pin-time", default=None, help="freeze the clock at this ISO-8601 instant"
     )
@@ -141,7 +155,11 @@ def _load_llm(paths: Sequence[Path], embedding_dim: int) -> ScriptedLLM:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     clock: Clock = FixedClock(args.pin_time) if args.pin_time else system_clock
-    world = build_world(args.seed)
+    try:
+        world = load_world(args.world, args.seed)
+    except WorldFileError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 2
     sensor_faults = Faults(
         fail_rate=args.fail_rate,
         latency_ms=args.latency_ms,
@@ -165,7 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port=args.sensor_port,
             )
         )
-        lines = [f"twin-service    {twin}", f"sensor-service  {sensor}"]
+        lines = [
+            f"world           {world.name} ({args.world or 'the sample world'})",
+            f"twin-service    {twin}",
+            f"sensor-service  {sensor}",
+        ]
         env = [f"TWIN_SERVICE_URL={twin}", f"SENSOR_SERVICE_URL={sensor}"]
         if args.llm_port is not None:
             llm_app = create_llm_app(_load_llm(args.llm_script, args.embedding_dim))

@@ -77,7 +77,7 @@ def create_twin_app(
     app = FastAPI(
         title="local twin-service", docs_url=None, redoc_url=None, telemetry=FASTAPI_TELEMETRY_OFF
     )
-    control = ServiceControl("twin-service", faults, seed=seed)
+    control = ServiceControl("twin-service", faults, seed=seed, world=world.name)
     install(app, control)
 
     @app.get("/buildings")

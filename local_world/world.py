@@ -1,14 +1,19 @@
-"""The local CrowdVision world: a fixed estate of buildings, rooms and sensors, and readings
-that are a pure function of ``(seed, sensor, time)``.
+"""The local CrowdVision world: an estate of buildings, rooms and sensors read from a world
+file, and readings that are a pure function of ``(seed, sensor, time)``.
 
-The estate (IDs, names, capacities, which rooms have which sensors) never depends on the seed,
-so tests and eval datasets can name ``room-harbor-dock-a`` forever. The seed only moves the
-readings: each room follows a daily activity curve for its room type (weekday and weekend,
-in UTC), shifted by a seeded per-room phase and modulated by seeded value noise. Live values
-are sampled once a minute; history points are the same function at aligned instants, so the
-latest reading at ``t`` equals the history point at ``t``.
+The estate is data (``local_world.world_file``): ``build_world()`` serves the sample estate of
+``local_world/worlds/sample.yaml``, ``build_world(path=...)`` (or ``load_world(path)``) any
+other, e.g. the second world ``local_world/worlds/second.yaml``. The estate (ids, names,
+capacities, which rooms have which sensors) never depends on the seed, so tests and eval
+datasets can name ``room-harbor-dock-a`` forever. The seed only moves the readings: each room
+follows the daily activity curve of its room type's profile (weekday and weekend, in UTC),
+shifted by a seeded per-room phase and modulated by seeded value noise; each sensor type's
+value model (occupancy, co2, temperature, humidity, door_counter, or the generic ``level``)
+turns that activity into values. Live values are sampled once a minute; history points are
+the same function at aligned instants, so the latest reading at ``t`` equals the history
+point at ``t``.
 
-Deliberate gaps, for "no reading" versus "no sensor" questions:
+Deliberate gaps in the sample, for "no reading" versus "no sensor" questions:
 
 * ``room-acme-labs-quiet`` has no sensors at all;
 * several rooms lack some sensor types (e.g. ``room-harbor-cold-store`` has no occupancy sensor);
@@ -21,29 +26,20 @@ import functools
 import hashlib
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from pathlib import Path
 
 from local_world.claims import Claims
+from local_world.world_file import SensorTypeSpec, UserSpec, WorldSpec, load_world_file
 
-SensorType = Literal["occupancy", "co2", "temperature", "humidity", "door_counter"]
-SENSOR_TYPES: tuple[SensorType, ...] = (
-    "occupancy",
-    "co2",
-    "temperature",
-    "humidity",
-    "door_counter",
-)
-UNITS: dict[SensorType, str] = {
-    "occupancy": "people",
-    "co2": "ppm",
-    "temperature": "°C",
-    "humidity": "%RH",
-    "door_counter": "entries",
-}
+SensorType = str
+# The sensor types of the built-in value models (the sample world's five); a world file may
+# declare others, with the generic ``level`` model (``local_world.world_file``).
+SENSOR_TYPES: tuple[str, ...] = ("occupancy", "co2", "temperature", "humidity", "door_counter")
 SAMPLE_SECONDS = 60
-DEFAULT_SEED = 42
+DEFAULT_SEED = 42  # the sample world's readings seed (its file's ``seed``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +73,9 @@ class Sensor:
     room_id: str
     building_id: str
     type: SensorType
+    unit: str
     installed_at: datetime
     online: bool = True
-
-    @property
-    def unit(self) -> str:
-        return UNITS[self.type]
 
     @property
     def record_id(self) -> str:
@@ -109,138 +102,6 @@ class Profile:
     turnover: float = 0.4
     base_temperature: float = 21.0
     base_humidity: float = 42.0
-
-
-PROFILES: dict[str, Profile] = {
-    "office": Profile(
-        ((0, 0), (6.5, 0), (8, 0.35), (10, 0.8), (12, 0.55), (13.5, 0.75), (16, 0.7),
-         (18, 0.25), (20, 0.03), (24, 0)),
-        weekend=0.08, turnover=0.3,
-    ),
-    "meeting_room": Profile(
-        ((0, 0), (8, 0), (9, 0.7), (11, 0.85), (12, 0.25), (13, 0.3), (14, 0.8), (16.5, 0.6),
-         (18, 0), (24, 0)),
-        weekend=0.0, turnover=0.5,
-    ),
-    "lobby": Profile(
-        ((0, 0.01), (6, 0.02), (8.5, 0.7), (10, 0.3), (12.5, 0.6), (14, 0.3), (17.5, 0.75),
-         (19.5, 0.1), (24, 0.01)),
-        weekend=0.2, turnover=1.2,
-    ),
-    "loading_dock": Profile(
-        ((0, 0.05), (5.5, 0.1), (6, 0.6), (10, 0.8), (14, 0.5), (14.5, 0.7), (21.5, 0.5),
-         (22, 0.1), (24, 0.05)),
-        weekend=0.5, turnover=0.3, base_temperature=14.0, base_humidity=55.0,
-    ),
-    "cold_storage": Profile(
-        ((0, 0), (7, 0), (8, 0.15), (16, 0.15), (17, 0), (24, 0)),
-        weekend=0.1, turnover=0.3, base_temperature=3.5, base_humidity=85.0,
-    ),
-    "storage": Profile(
-        ((0, 0), (9, 0), (10, 0.1), (16, 0.1), (17, 0), (24, 0)),
-        weekend=0.0, turnover=0.3, base_temperature=18.0, base_humidity=48.0,
-    ),
-    "cafeteria": Profile(
-        ((0, 0), (7, 0), (8, 0.25), (9.5, 0.1), (11.5, 0.5), (12.5, 0.95), (13.5, 0.6),
-         (14.5, 0.15), (16, 0.1), (17, 0), (24, 0)),
-        weekend=0.05, turnover=0.8,
-    ),
-    "lab": Profile(
-        ((0, 0), (8, 0.1), (9.5, 0.7), (12, 0.6), (13, 0.4), (17, 0.6), (19, 0.1), (24, 0)),
-        weekend=0.1,
-    ),
-    "server_room": Profile(
-        ((0, 0), (9, 0), (10, 0.25), (16, 0.25), (17, 0), (24, 0)),
-        weekend=0.0, base_temperature=19.0, base_humidity=40.0,
-    ),
-    "quiet_room": Profile(
-        ((0, 0), (9, 0.1), (11, 0.4), (15, 0.5), (17, 0.1), (18, 0), (24, 0)),
-        weekend=0.0,
-    ),
-    "reading_room": Profile(
-        ((0, 0), (9, 0), (9.5, 0.3), (12, 0.6), (15, 0.85), (18, 0.6), (20, 0.2), (20.5, 0),
-         (24, 0)),
-        weekend=1.15, turnover=0.35,
-    ),
-    "children_area": Profile(
-        ((0, 0), (10, 0), (10.5, 0.4), (12, 0.3), (15.5, 0.9), (17.5, 0.4), (18, 0), (24, 0)),
-        weekend=1.3, turnover=0.5,
-    ),
-    "council_chamber": Profile(
-        ((0, 0), (9, 0), (10, 0.15), (16, 0.15), (18, 0.2), (18.5, 0.8), (21, 0.7), (21.5, 0),
-         (24, 0)),
-        weekend=0.0, turnover=0.6,
-    ),
-    "service_desk": Profile(
-        ((0, 0), (8, 0), (8.5, 0.5), (10.5, 0.85), (12, 0.6), (14, 0.7), (16, 0.3), (16.5, 0),
-         (24, 0)),
-        weekend=0.0, turnover=0.9,
-    ),
-}  # fmt: skip
-
-ALL: tuple[SensorType, ...] = SENSOR_TYPES
-
-# (domain id, domain name, [(building id, name, address, floors, [room specs])])
-# room spec: (room id, name, floor, capacity, type, sensor types)
-RoomSpec = tuple[str, str, int, int, str, tuple[SensorType, ...]]
-BuildingSpec = tuple[str, str, str, int, tuple[RoomSpec, ...]]
-DomainSpec = tuple[str, str, tuple[BuildingSpec, ...]]
-_ESTATE: tuple[DomainSpec, ...] = (
-    ("northwind", "Northwind Logistics", (
-        ("bld-northwind-harbor", "Harbor Warehouse", "12 Quay Road, Port Ellis", 2, (
-            ("room-harbor-dock-a", "Loading Dock A", 0, 40, "loading_dock", ALL),
-            ("room-harbor-dock-b", "Loading Dock B", 0, 40, "loading_dock",
-             ("occupancy", "temperature", "door_counter")),
-            ("room-harbor-cold-store", "Cold Store", 0, 12, "cold_storage",
-             ("temperature", "humidity")),
-            ("room-harbor-dispatch", "Dispatch Office", 1, 16, "office",
-             ("occupancy", "co2", "temperature", "humidity")),
-        )),
-        ("bld-northwind-hq", "Northwind HQ", "400 Meridian Avenue, Port Ellis", 4, (
-            ("room-nwhq-lobby", "Main Lobby", 0, 60, "lobby",
-             ("occupancy", "co2", "door_counter")),
-            ("room-nwhq-open-office", "Open Office", 1, 80, "office", ALL),
-            ("room-nwhq-boardroom", "Boardroom", 3, 20, "meeting_room",
-             ("occupancy", "co2", "temperature", "humidity")),
-        )),
-    )),
-    ("acme", "Acme Corp", (
-        ("bld-acme-tower", "Acme Tower", "1 Acme Plaza, Springfield", 30, (
-            ("room-acme-tower-lobby", "Lobby", 0, 50, "lobby",
-             ("occupancy", "temperature", "door_counter")),
-            ("room-acme-tower-cafeteria", "Cafeteria", 1, 120, "cafeteria", ALL),
-            ("room-acme-tower-conf-12a", "Conference Room 12A", 12, 14, "meeting_room",
-             ("occupancy", "co2", "temperature", "humidity")),
-        )),
-        ("bld-acme-labs", "Acme Labs", "77 Research Park Drive, Springfield", 2, (
-            ("room-acme-labs-wet-lab", "Wet Lab", 0, 10, "lab",
-             ("co2", "temperature", "humidity")),
-            ("room-acme-labs-server", "Server Room", -1, 4, "server_room",
-             ("temperature", "humidity")),
-            ("room-acme-labs-quiet", "Quiet Room", 1, 6, "quiet_room", ()),
-        )),
-    )),
-    ("civic", "Riverton Civic Services", (
-        ("bld-civic-library", "City Library", "5 Library Lane, Riverton", 3, (
-            ("room-library-reading", "Reading Room", 1, 90, "reading_room", ALL),
-            ("room-library-children", "Children's Corner", 0, 30, "children_area",
-             ("occupancy", "co2", "temperature")),
-            ("room-library-archive", "Archive", -1, 8, "storage", ("temperature", "humidity")),
-        )),
-        ("bld-civic-townhall", "Town Hall", "1 Market Square, Riverton", 3, (
-            ("room-townhall-council", "Council Chamber", 1, 70, "council_chamber",
-             ("occupancy", "co2", "temperature", "humidity")),
-            ("room-townhall-service", "Citizen Service Desk", 0, 40, "service_desk",
-             ("occupancy", "door_counter")),
-        )),
-    )),
-)  # fmt: skip
-
-OFFLINE_SENSORS = frozenset({"sen-harbor-dock-b-temperature"})
-
-
-def sensor_id_for(room_id: str, sensor_type: SensorType) -> str:
-    return f"sen-{room_id.removeprefix('room-')}-{sensor_type.replace('_', '-')}"
 
 
 # --- deterministic noise -----------------------------------------------------------------------
@@ -290,6 +151,11 @@ class World:
     buildings: tuple[Building, ...]
     rooms: tuple[Room, ...]
     sensors: tuple[Sensor, ...]
+    profiles: Mapping[str, Profile]
+    sensor_types: Mapping[str, SensorTypeSpec]
+    name: str = "sample"
+    users: tuple[UserSpec, ...] = ()
+    spec: WorldSpec | None = field(default=None, repr=False)
     _buildings: dict[str, Building] = field(init=False, repr=False)
     _rooms: dict[str, Room] = field(init=False, repr=False)
     _sensors: dict[str, Sensor] = field(init=False, repr=False)
@@ -325,7 +191,15 @@ class World:
         return [s for s in self.sensors if s.room_id == room_id]
 
     def occupancy_sensor(self, room_id: str) -> Sensor | None:
-        return next((s for s in self.sensors_in_room(room_id) if s.type == "occupancy"), None)
+        """The room's sensor of a type with the ``occupancy`` model (at most one)."""
+        return next(
+            (
+                s
+                for s in self.sensors_in_room(room_id)
+                if self.sensor_types[s.type].model == "occupancy"
+            ),
+            None,
+        )
 
     # --- authorization -----------------------------------------------------------------------
 
@@ -362,7 +236,7 @@ class World:
 
     def activity(self, room: Room, minute: int) -> float:
         """The room's activity level in [0, 1] at an epoch minute (before per-minute jitter)."""
-        profile = PROFILES[room.type]
+        profile = self.profiles[room.type]
         local = minute_to_datetime(minute + self._phase_minutes(room))
         hour = local.hour + local.minute / 60.0
         level = _interpolate(profile.anchors, hour)
@@ -389,39 +263,45 @@ class World:
         if level <= 0.0:
             return 0
         factor = 1.0 + 0.3 * _signed(self.seed, sensor_id, "slot", day, slot)
-        return max(0, round(room.capacity * PROFILES[room.type].turnover * level * factor))
+        return max(0, round(room.capacity * self.profiles[room.type].turnover * level * factor))
 
     def _door_day(self, room: Room, sensor_id: str, day: int) -> tuple[int, ...]:
         return _door_day_cached(self, room, sensor_id, day)
 
     def value_at(self, sensor: Sensor, minute: int) -> float | int:
-        """The sensor's value at an epoch minute (pure function of seed, sensor, minute)."""
+        """The sensor's value at an epoch minute (pure function of seed, sensor, minute), by
+        its type's value model."""
         room = self._rooms[sensor.room_id]
-        profile = PROFILES[room.type]
-        if sensor.type == "occupancy":
+        profile = self.profiles[room.type]
+        kind = self.sensor_types[sensor.type]
+        model = kind.model
+        if model == "occupancy":
             return self.occupancy_at(room, minute)
-        if sensor.type == "co2":
+        if model == "co2":
             # CO2 lags the people in the room: average utilisation over the last 20 minutes.
             util = sum(self._utilisation(room, minute - lag) for lag in (0, 10, 20)) / 3.0
             noise = _value_noise(self.seed, sensor.id, minute, 7)
             return round(415 + 700 * util + 20 * noise)
         day_angle = 2.0 * math.pi * ((minute % 1440) / 1440.0 - 15.0 / 24.0)
-        if sensor.type == "temperature":
+        if model == "temperature":
             util = self._utilisation(room, minute)
             noise = _value_noise(self.seed, sensor.id, minute, 15)
             base = profile.base_temperature + 0.5 * _signed(self.seed, sensor.id, "offset")
             return round(base + 1.5 * util + 0.8 * math.cos(day_angle) + 0.3 * noise, 1)
-        if sensor.type == "humidity":
+        if model == "humidity":
             util = self._utilisation(room, minute)
             noise = _value_noise(self.seed, sensor.id, minute, 20)
             value = profile.base_humidity - 4.0 * math.cos(day_angle) + 3.0 * util + 2.0 * noise
             return round(min(100.0, max(0.0, value)), 1)
-        # door_counter: entries since 00:00 UTC, monotonic within a day.
-        day, minute_of_day = divmod(minute, 1440)
-        cumulative = self._door_day(room, sensor.id, day)
-        slot, into_slot = divmod(minute_of_day, 15)
-        in_slot = cumulative[slot + 1] - cumulative[slot]
-        return cumulative[slot] + (in_slot * into_slot) // 15
+        if model == "door_counter":
+            # Entries since 00:00 UTC, monotonic within a day.
+            day, minute_of_day = divmod(minute, 1440)
+            cumulative = self._door_day(room, sensor.id, day)
+            slot, into_slot = divmod(minute_of_day, 15)
+            in_slot = cumulative[slot + 1] - cumulative[slot]
+            return cumulative[slot] + (in_slot * into_slot) // 15
+        util = self._utilisation(room, minute)
+        return _level(kind, self.seed, sensor.id, util, day_angle, minute)
 
     def reading_at(self, sensor: Sensor, when: datetime) -> Reading | None:
         """The latest sample at or before ``when``; ``None`` for an offline sensor."""
@@ -476,39 +356,88 @@ def _door_day_cached(world: World, room: Room, sensor_id: str, day: int) -> tupl
     return tuple(totals)
 
 
-def _installed_at(seed: int, sensor_id: str) -> datetime:
-    days = int(_unit(seed, sensor_id, "installed") * 365)
-    return datetime(2023, 1, 9, 9, 0, tzinfo=UTC) + timedelta(days=days)
+def _level(
+    kind: SensorTypeSpec, seed: int, sensor_id: str, util: float, day_angle: float, minute: int
+) -> float | int:
+    """The generic ``level`` model of a sensor type a world file declares."""
+    noise = _value_noise(seed, sensor_id, minute, kind.noise_knot_minutes)
+    value = (
+        kind.base
+        + kind.offset * _signed(seed, sensor_id, "offset")
+        + kind.per_utilisation * util
+        + kind.daily_amplitude * math.cos(day_angle)
+        + kind.noise * noise
+    )
+    if kind.minimum is not None:
+        value = max(kind.minimum, value)
+    if kind.maximum is not None:
+        value = min(kind.maximum, value)
+    return round(value) if kind.decimals == 0 else round(value, kind.decimals)
 
 
-def build_world(seed: int = DEFAULT_SEED) -> World:
-    """The seeded local world. The estate is fixed; ``seed`` moves only the readings."""
+def _installed_at(spec: WorldSpec, seed: int, sensor_id: str) -> datetime:
+    days = int(_unit(seed, sensor_id, "installed") * spec.installations.days)
+    return spec.installations.start.astimezone(UTC) + timedelta(days=days)
+
+
+def world_from_spec(spec: WorldSpec, seed: int | None = None) -> World:
+    """The world a validated file describes; ``seed`` (default: the file's) moves only the
+    readings and the seeded installation dates."""
+    seed = spec.seed if seed is None else seed
     domains: list[Domain] = []
     buildings: list[Building] = []
     rooms: list[Room] = []
     sensors: list[Sensor] = []
-    for domain_id, domain_name, building_specs in _ESTATE:
-        domains.append(Domain(domain_id, domain_name))
-        for building_id, name, address, floors, room_specs in building_specs:
-            buildings.append(Building(building_id, domain_id, name, address, floors))
-            for room_id, room_name, floor, capacity, room_type, sensor_types in room_specs:
-                rooms.append(Room(room_id, building_id, room_name, floor, capacity, room_type))
-                for sensor_type in sensor_types:
-                    sid = sensor_id_for(room_id, sensor_type)
+    for domain in spec.domains:
+        domains.append(Domain(domain.id, domain.name))
+        for b in domain.buildings:
+            buildings.append(Building(b.id, domain.id, b.name, b.address, b.floors))
+            for r in b.rooms:
+                rooms.append(Room(r.id, b.id, r.name, r.floor, r.capacity, r.type))
+                for s in r.sensors:
+                    installed = s.installed_at or _installed_at(spec, seed, s.id)
                     sensors.append(
                         Sensor(
-                            id=sid,
-                            room_id=room_id,
-                            building_id=building_id,
-                            type=sensor_type,
-                            installed_at=_installed_at(seed, sid),
-                            online=sid not in OFFLINE_SENSORS,
+                            id=s.id,
+                            room_id=r.id,
+                            building_id=b.id,
+                            type=s.type,
+                            unit=spec.sensor_types[s.type].unit,
+                            installed_at=installed.astimezone(UTC),
+                            online=s.online,
                         )
                     )
+    profiles = {
+        name: Profile(
+            anchors=tuple((hour, level) for hour, level in p.anchors),
+            weekend=p.weekend,
+            turnover=p.turnover,
+            base_temperature=p.base_temperature,
+            base_humidity=p.base_humidity,
+        )
+        for name, p in spec.profiles.items()
+    }
     return World(
         seed=seed,
         domains=tuple(domains),
         buildings=tuple(buildings),
         rooms=tuple(rooms),
         sensors=tuple(sensors),
+        profiles=profiles,
+        sensor_types=dict(spec.sensor_types),
+        name=spec.name,
+        users=tuple(spec.users),
+        spec=spec,
     )
+
+
+def load_world(path: Path | str | None = None, seed: int | None = None) -> World:
+    """The world in a world file (``None``: the sample); ``WorldFileError`` names the file
+    and the bad field."""
+    return world_from_spec(load_world_file(path), seed)
+
+
+def build_world(seed: int | None = None, *, path: Path | str | None = None) -> World:
+    """The seeded local world: the sample estate, or the one in ``path``. The estate is fixed;
+    ``seed`` (default: the file's, 42 for the sample) moves only the readings."""
+    return load_world(path, seed)

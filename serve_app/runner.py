@@ -32,6 +32,7 @@ import psutil
 import yaml
 
 from foundation.settings import Settings, variables
+from local_world.world_file import WorldFileError, load_world_file
 from serve_app.local_llm.settings import LOCAL_MODEL_PREFIX, LocalLLMConfigError, LocalLLMSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -265,6 +266,9 @@ def service_env(settings: Settings, local_llm: bool) -> dict[str, str]:
     env["DOC_ROOTS"] = ",".join(
         f"{path.resolve()}={' '.join(acl)}" for path, acl in settings.ingestion.doc_root_acls
     )
+    world_file = local_world_file(settings)
+    if world_file is not None:
+        env["LOCAL_WORLD_FILE"] = str(world_file)
     env["HF_HUB_OFFLINE"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["RAY_AUTH_MODE"] = "token"
@@ -311,6 +315,31 @@ def _wait_http(url: str, timeout: float, what: str, headers: dict[str, str] | No
     raise RunnerError(f"{what} did not become ready within {timeout:.0f}s ({last}) at {url}")
 
 
+def local_world_file(settings: Settings) -> Path | None:
+    """LOCAL_WORLD_FILE made absolute (the simulators and the replicas run elsewhere)."""
+    file = settings.serve.local_world_file
+    return file.resolve() if file is not None else None
+
+
+def local_world_name(settings: Settings) -> str:
+    """The name of the world LOCAL_WORLD_FILE holds (the sample's when unset); a file that is
+    not a valid world stops ``serve`` here, with the file and the bad field named."""
+    try:
+        return load_world_file(local_world_file(settings)).name
+    except WorldFileError as exc:
+        raise RunnerError(f"LOCAL_WORLD_FILE: {exc}") from None
+
+
+def _served_world(twin_url: str) -> str | None:
+    """The name of the world a running twin simulator serves (``GET /_control``), if it says."""
+    try:
+        body = httpx.get(f"{twin_url}/_control", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    world = body.get("world") if isinstance(body, dict) else None
+    return world if isinstance(world, str) else None
+
+
 def start_simulators(settings: Settings, state: RunState) -> None:
     twin_url = settings.tools.twin_service_url
     twin = urlparse(twin_url)
@@ -318,12 +347,23 @@ def start_simulators(settings: Settings, state: RunState) -> None:
     if twin.hostname not in {"127.0.0.1", "localhost"}:
         state.notes.append(f"TWIN_SERVICE_URL is {twin_url}: simulators skipped")
         return
+    world = local_world_name(settings)
     try:
         httpx.get(f"{twin_url}/buildings", timeout=1)
-        state.notes.append("twin-service already answers: simulators not started")
-        return
     except httpx.HTTPError:
         pass
+    else:
+        served = _served_world(twin_url)
+        if served is not None and served != world:
+            raise RunnerError(
+                f"the simulators already running at {twin_url} serve the world {served!r}, "
+                f"not {world!r} (LOCAL_WORLD_FILE): stop them first (agent-service stop)"
+            )
+        state.notes.append("twin-service already answers: simulators not started")
+        return
+    world_args = []
+    if (world_file := local_world_file(settings)) is not None:
+        world_args = ["--world", str(world_file)]
     log = (settings.home / "run" / "local_world.log").open("ab")
     proc = subprocess.Popen(
         [
@@ -334,6 +374,7 @@ def start_simulators(settings: Settings, state: RunState) -> None:
             str(twin.port or 80),
             "--sensor-port",
             str(sensor.port or 80),
+            *world_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -57,28 +57,30 @@ _ANSWERABLE = content_words(
     "room building sensor sensors device devices people person busy busier busiest full "
     "fullest crowded occupancy occupied utilisation utilization capacity hold fit empty "
     "emptiest quiet quietest free current currently now right moment today reading readings "
-    "level value measure measured temperature co2 carbon dioxide concentration humidity "
-    "humid door counter installed fitted there have has inventory which what how many much "
-    "high low warm cold hot change changed history trend last past hour day week report "
+    "level value measure measured concentration installed fitted there have has inventory "
+    "which what how many much high low change changed history trend last past hour day week "
+    "report "
     "reporting working live latest list show see access can tell give please currently "
     "average min max lowest highest least most floor rooms buildings know planned plan "
     "seat seats size big large type kind where located location detail details about"
 )
 
-CAPABILITIES = (
-    "I can help with CrowdVision: which buildings and rooms you can see, live occupancy and "
-    "sensor readings (CO2, temperature, humidity, door counters) and their recent history, "
-    "and how the platform works (settings, alerts, error codes, exports). What would you "
-    "like to know?"
-)
 
-_SENSOR_WORDS = {
-    "co2": "CO2",
-    "temperature": "temperature",
-    "humidity": "humidity",
-    "occupancy": "occupancy",
-    "door_counter": "door-counter",
-}
+def capabilities(sensor_types: Sequence[str] = ()) -> str:
+    """What the assistant can do, from what its tools list (no corpus's topics)."""
+    readings = f" ({', '.join(sensor_word(t) for t in sensor_types)})" if sensor_types else ""
+    return (
+        "I can help with CrowdVision: which buildings and rooms you can see, live occupancy "
+        f"and sensor readings{readings} and their recent history, and how the platform "
+        "works, from its documentation. What would you like to know?"
+    )
+
+
+def sensor_word(sensor_type: str) -> str:
+    """A sensor type as a sentence writes it: "door_counter" -> "door counter", "co2" ->
+    "CO2" (a word with a digit is a formula or code)."""
+    words = sensor_type.replace("_", " ").split()
+    return " ".join(w.upper() if any(c.isdigit() for c in w) else w for w in words)
 
 
 _STATUS_PHRASES = {
@@ -88,10 +90,10 @@ _STATUS_PHRASES = {
 }
 
 
-def compose_greeting(question: str) -> str:
+def compose_greeting(question: str, sensor_types: Sequence[str] = ()) -> str:
     """The answer to a greeting: what the assistant can do (no model call, no tool)."""
     opening = "You're welcome!" if _THANKS.match(question) else "Hello!"
-    return f"{opening} {CAPABILITIES}"
+    return f"{opening} {capabilities(sensor_types)}"
 
 
 def _when(value: object) -> str:
@@ -124,20 +126,26 @@ def room_names(steps: Sequence[ToolOutcome]) -> dict[str, str]:
 
 
 def compose_live(
-    question: str, intent: LiveIntent, steps: Sequence[ToolOutcome], *, building_list: bool
+    question: str,
+    intent: LiveIntent,
+    steps: Sequence[ToolOutcome],
+    *,
+    building_list: bool,
+    sensor_types: Sequence[str] = (),
 ) -> str | None:
     """The answer these planner steps settle, or ``None`` when the model should write it.
 
     ``question``: without the names and ids it mentions. ``steps``: the visible steps in the
     order they ran. ``building_list``: the question asks which buildings the caller can see
-    (the shown ``list_buildings`` step answers it)."""
+    (the shown ``list_buildings`` step answers it). ``sensor_types``: the types the tools
+    list (words the results speak to)."""
     if not steps:
         return None
     missing = [s for s in steps if s.name == GetBuilding.name and not s.ok]
     if missing:
         return " ".join(_not_found("building", s.arguments.get("building_id")) for s in missing)
     failed = [s for s in steps if not s.ok]
-    if _unanswerable(_without_names(question, steps)) and not failed:
+    if _unanswerable(_without_names(question, steps), sensor_types) and not failed:
         return None  # it asks for more than the results say
     names = room_names(steps)
     measured = [s for s in steps if s.name not in (GetBuilding.name, ListBuildings.name)]
@@ -177,10 +185,11 @@ def _names_shown(step: ToolOutcome) -> tuple[str | None, ...]:
     return (history.room_name,) if history is not None else ()
 
 
-def _unanswerable(question: str) -> set[str]:
+def _unanswerable(question: str, sensor_types: Sequence[str]) -> set[str]:
     """The content words of ``question`` the tool results cannot speak to (numbers are fine:
-    "the last 8 hours")."""
-    return {w for w in content_words(question) - _ANSWERABLE if not w.isdigit()}
+    "the last 8 hours"; so are the sensor types the tools list)."""
+    types = content_words(" ".join(t.replace("_", " ") for t in sensor_types))
+    return {w for w in content_words(question) - _ANSWERABLE - types if not w.isdigit()}
 
 
 def _not_found(kind: str, entity_id: object) -> str:
@@ -303,14 +312,11 @@ def _inventory(inventory: ListSensorsResult) -> str:
     if not sensors:
         return f"No sensors are installed in {where} (an inventory fact, not a missing reading)."
     if inventory.room_id:
-        kinds = ", ".join(
-            f"{_SENSOR_WORDS.get(str(s.sensor_type), s.sensor_type)} ({s.sensor_id})"
-            for s in sensors
-        )
+        kinds = ", ".join(f"{sensor_word(str(s.sensor_type))} ({s.sensor_id})" for s in sensors)
         return f"{where} has {len(sensors)} sensor{'s' if len(sensors) != 1 else ''}: {kinds}."
     by_room: dict[str, list[str]] = {}
     for sensor in sensors:
-        kind = _SENSOR_WORDS.get(str(sensor.sensor_type), str(sensor.sensor_type))
+        kind = sensor_word(str(sensor.sensor_type))
         by_room.setdefault(str(sensor.room_name or sensor.room_id), []).append(kind)
     listed = "; ".join(f"{room}: {', '.join(kinds)}" for room, kinds in by_room.items())
     more = " (the list is truncated)" if inventory.truncated else ""
@@ -320,14 +326,14 @@ def _inventory(inventory: ListSensorsResult) -> str:
 def _latest(step: ToolOutcome, latest: GetLatestSensorDataResult) -> str | None:
     where = latest.room_name or latest.room_id
     wanted = step.arguments.get("sensor_type")
-    kind = _SENSOR_WORDS.get(str(wanted), str(wanted)) if wanted else None
+    kind = sensor_word(str(wanted)) if wanted else None
     if not latest.readings:
         what = f"{kind} sensor" if kind else "sensor"
         value_word = f"{kind} reading" if kind else "reading"
         return f"No {what} is installed in {where}, so there is no {value_word} for it."
     parts = []
     for reading in latest.readings:
-        sensor = _SENSOR_WORDS.get(reading.sensor_type, reading.sensor_type)
+        sensor = sensor_word(reading.sensor_type)
         status = reading.status
         value = _number(reading.value)
         if status in ("ok", "stale") and value is not None:
@@ -345,7 +351,7 @@ def _latest(step: ToolOutcome, latest: GetLatestSensorDataResult) -> str | None:
 
 def _history(history: GetSensorHistoryResult) -> str | None:
     where = history.room_name or history.room_id
-    kind = _SENSOR_WORDS.get(history.sensor_type, history.sensor_type)
+    kind = sensor_word(history.sensor_type)
     window = f"from {_when(history.from_)} to {_when(history.to)}"
     if not history.series:
         return f"No {kind} sensor is installed in {where}, so there is no {kind} history."

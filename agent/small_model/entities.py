@@ -33,7 +33,6 @@ __all__ = [
     "named_buildings",
     "named_entities",
     "named_rooms",
-    "typed_as",
 ]
 
 # Result keys that hold an id, by entity kind (the tool views' spelling: agent/tools/twin.py).
@@ -63,13 +62,6 @@ def ids_after_word(text: str, word: str) -> list[str]:
     question's own statement of what kind of id it typed."""
     pattern = re.compile(rf"\b{re.escape(word)}\s+{_ID_IN_TEXT.pattern}", re.IGNORECASE)
     return list(dict.fromkeys(m.group(1).rstrip("-_") for m in pattern.finditer(text)))
-
-
-def typed_as(text: str, kind: str, prefix: str) -> tuple[str, ...]:
-    """The ids ``text`` types as ``kind``: after the word ("building bld-x") or in the
-    platform's own id scheme ("bld-x", "room-x")."""
-    prefixed = [i for i in ids_in_text(text) if i.startswith(prefix)]
-    return tuple(dict.fromkeys([*ids_after_word(text, kind), *prefixed]))
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,14 @@ Plain Python, no I/O. The port is async so that a model-based rewriter can imple
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from agent.small_model.entities import NamedEntity, ids_in_text, match_names
+from agent.small_model.intents import sensor_type_words
 from agent.turns import MAX_EARLIER, PriorTurn
 from agent.words import doc_tokens
 
@@ -87,11 +89,20 @@ _ELLIPSIS = re.compile(
 )
 _ASKS_FOR_CODE = re.compile(r"\b(?:error|code|setting|key|variable)\b", re.IGNORECASE)
 _OTHER = re.compile(r"\bthe\s+other\s+(?:one|building|site)\b", re.IGNORECASE)
-# Sensor types and occupancy, the measurement words an ellipsis swaps ("and humidity?").
-_MEASURES = re.compile(
-    r"\b(co2|carbon dioxide|temperature|humidity|door[- ]counter|occupancy|busy|busiest)\b",
-    re.IGNORECASE,
-)
+# Occupancy, a measurement an ellipsis swaps ("and how busy?") besides the sensor types the
+# tools list (``measures``: "and humidity?").
+_OCCUPANCY_WORDS = ("occupancy", "busiest", "busy")
+
+
+@functools.lru_cache(maxsize=32)
+def _measures(sensor_types: tuple[str, ...]) -> re.Pattern[str]:
+    """The measurement words an ellipsis swaps: the sensor types as a question writes them
+    (``intents.sensor_type_words``) and occupancy."""
+    words = [w for kind in sensor_types for w in sensor_type_words(kind)]
+    words = sorted({*words, *_OCCUPANCY_WORDS}, key=len, reverse=True)
+    return re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)
+
+
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'-]*")
 # Words that say nothing about a documentation topic.
 _GENERIC = frozenset(
@@ -134,9 +145,11 @@ class QueryRewriter(Protocol):
         earlier: Sequence[PriorTurn],
         *,
         known: Sequence[NamedEntity] = (),
+        measures: Sequence[str] = (),
     ) -> Rewrite:
         """``earlier``: the caller's earlier turns, oldest first. ``known``: the buildings the
-        caller can see now (their ``list_buildings``), to recognise and name them."""
+        caller can see now (their ``list_buildings``), to recognise and name them.
+        ``measures``: the sensor types the tools list (``intents.sensor_types``)."""
         ...
 
 
@@ -151,6 +164,7 @@ class PassThroughRewriter:
         earlier: Sequence[PriorTurn],
         *,
         known: Sequence[NamedEntity] = (),
+        measures: Sequence[str] = (),
     ) -> Rewrite:
         return Rewrite(question, question, "first_turn" if not earlier else "standalone")
 
@@ -198,8 +212,9 @@ class DeterministicRewriter:
         earlier: Sequence[PriorTurn],
         *,
         known: Sequence[NamedEntity] = (),
+        measures: Sequence[str] = (),
     ) -> Rewrite:
-        return self.rewrite_now(question, earlier, known=known)
+        return self.rewrite_now(question, earlier, known=known, measures=measures)
 
     def rewrite_now(
         self,
@@ -207,8 +222,10 @@ class DeterministicRewriter:
         earlier: Sequence[PriorTurn],
         *,
         known: Sequence[NamedEntity] = (),
+        measures: Sequence[str] = (),
     ) -> Rewrite:
         """``rewrite``, synchronously."""
+        pattern = _measures(tuple(measures))
         turns = list(earlier)[-MAX_EARLIER:]
         if not turns:
             return Rewrite(question, question, "first_turn")
@@ -217,19 +234,23 @@ class DeterministicRewriter:
         standalone: list[str] = []
         for index, turn in enumerate(turns):
             previous = [
-                PriorTurn(q, t.answer, t.entity_ids)
+                PriorTurn(q, t.answer, t.entities)
                 for q, t in zip(standalone, turns[:index], strict=True)
             ]
-            standalone.append(self._one(turn.question, previous, buildings).query)
+            standalone.append(self._one(turn.question, previous, buildings, pattern).query)
         resolved = [
-            PriorTurn(q, t.answer, t.entity_ids) for q, t in zip(standalone, turns, strict=True)
+            PriorTurn(q, t.answer, t.entities) for q, t in zip(standalone, turns, strict=True)
         ]
-        return self._one(question, resolved, buildings)
+        return self._one(question, resolved, buildings, pattern)
 
     # --- one question against turns whose questions are already standalone ---------------
 
     def _one(
-        self, question: str, turns: Sequence[PriorTurn], buildings: Sequence[NamedEntity]
+        self,
+        question: str,
+        turns: Sequence[PriorTurn],
+        buildings: Sequence[NamedEntity],
+        measures: re.Pattern[str],
     ) -> Rewrite:
         if not turns:
             return Rewrite(question, question, "first_turn")
@@ -240,18 +261,18 @@ class DeterministicRewriter:
         ellipsis = _ELLIPSIS.match(question)
         words = len(_WORD.findall(question))
         if ellipsis and words <= MAX_FRAGMENT_WORDS:
-            return self._ellipsis(question, ellipsis.end(), own, other, turns, buildings)
+            return self._ellipsis(question, ellipsis.end(), own, other, turns, buildings, measures)
         if own:
             return Rewrite(question, question, "standalone")
         referring = _referring(question)
         if referring is None or words > MAX_WORDS:
             return Rewrite(question, question, "standalone")
         codes_first = bool(_ASKS_FOR_CODE.search(referring.group(0)))
-        about = _latest_about(turns, buildings, codes_first=codes_first)
+        about = _latest_about(turns, buildings, measures, codes_first=codes_first)
         if about is None:
             return Rewrite(question, question, "nothing_to_carry")
         text = about.text()
-        if about.rooms and about.measure and not _MEASURES.search(question):
+        if about.rooms and about.measure and not measures.search(question):
             text = f"the {about.measure} in {text}"  # "how did it change": the reading's room
         query = _substitute(question, referring, text)
         return Rewrite(question, query, "coreference", about.carried)
@@ -264,13 +285,14 @@ class DeterministicRewriter:
         other: str | None,
         turns: Sequence[PriorTurn],
         buildings: Sequence[NamedEntity],
+        measures: re.Pattern[str],
     ) -> Rewrite:
         fragment = question[lead_end:].strip().rstrip("?.! ").strip()
         if other is not None:
             fragment = _OTHER.sub(other, fragment)
         previous = turns[-1].question
-        about = _latest_about(turns, buildings)
-        swapped = _swap(previous, fragment, own, buildings)
+        about = _latest_about(turns, buildings, measures)
+        swapped = _swap(previous, fragment, own, buildings, measures)
         if swapped is not None:
             return Rewrite(question, swapped, "ellipsis", about.carried if about else ())
         if own and other is None:
@@ -303,35 +325,40 @@ def _own_entities(text: str, buildings: Sequence[NamedEntity]) -> tuple[str, ...
 def _building_names(
     text: str, ids: Sequence[str], buildings: Sequence[NamedEntity]
 ) -> tuple[str, ...]:
-    """The buildings ``text`` names or ``ids`` hold, by name where the caller's list has them;
-    a building id the caller cannot see now is dropped (with no list: kept as typed)."""
+    """The buildings ``text`` names or types by id, and the building ``ids`` a turn's tools
+    used, by name where the caller's list has them; a building the caller cannot see now is
+    dropped (with no list: a used id is kept as it is). Ids are opaque: a typed id is a
+    building's when the caller's list holds it."""
     by_id: Mapping[str, str] = {e.entity_id: e.name for e in buildings}
     found = [e.name for e in match_names(_without_ids(text), buildings)]
     for entity_id in [*ids_in_text(text), *ids]:
-        if not entity_id.startswith("bld-"):
-            continue
         if entity_id in by_id:
             found.append(by_id[entity_id])
-        elif not buildings:
+        elif not buildings and entity_id in ids:
             found.append(entity_id)
     return _dedupe(found)
 
 
 def _about(
-    turn: PriorTurn, buildings: Sequence[NamedEntity], *, codes_first: bool = False
+    turn: PriorTurn,
+    buildings: Sequence[NamedEntity],
+    measures: re.Pattern[str],
+    *,
+    codes_first: bool = False,
 ) -> _About:
     """What one turn (its question already standalone) was about. The codes its answer
     names count where its question names none and no topic, unless the follow-up asks about
     a code ("that error": ``codes_first``)."""
     tokens = doc_tokens(turn.question)
-    named = _building_names(turn.question, turn.entity_ids, buildings)
+    named = _building_names(turn.question, turn.ids_of("building"), buildings)
     if not named and not tokens:
         named = _building_names(turn.answer, (), buildings)
-    typed_rooms = [i for i in ids_in_text(turn.question) if i.startswith("room-")]
-    rooms = typed_rooms or [i for i in turn.entity_ids if i.startswith("room-")]
+    used_rooms = turn.ids_of("room")
+    typed_rooms = [i for i in ids_in_text(turn.question) if i in used_rooms]
+    rooms = typed_rooms or list(used_rooms)
     if len(rooms) > 1:
         rooms = []  # a whole building's rooms (occupancy of all): no one room was the subject
-    measure = _MEASURES.search(turn.question)
+    measure = measures.search(turn.question)
     found = _About(
         tuple(tokens), named, _dedupe(rooms), measure=measure.group(0) if measure else None
     )
@@ -364,11 +391,15 @@ def _topic(question: str) -> tuple[str, ...]:
 
 
 def _latest_about(
-    turns: Sequence[PriorTurn], buildings: Sequence[NamedEntity], *, codes_first: bool = False
+    turns: Sequence[PriorTurn],
+    buildings: Sequence[NamedEntity],
+    measures: re.Pattern[str],
+    *,
+    codes_first: bool = False,
 ) -> _About | None:
     """What the most recent turn that was about something was about."""
     for turn in reversed(turns):
-        about = _about(turn, buildings, codes_first=codes_first)
+        about = _about(turn, buildings, measures, codes_first=codes_first)
         if about.carried:
             return about
     return None
@@ -383,7 +414,7 @@ def _other_building(
         return None
     mentioned: set[str] = set()
     for turn in turns:
-        mentioned.update(_building_names(turn.question, turn.entity_ids, buildings))
+        mentioned.update(_building_names(turn.question, turn.ids_of("building"), buildings))
         mentioned.update(_building_names(turn.answer, (), buildings))
     left = [e.name for e in buildings if e.name not in mentioned]
     return left[0] if len(left) == 1 and mentioned else None
@@ -431,33 +462,37 @@ def _swap(
     fragment: str,
     own: Sequence[str],
     buildings: Sequence[NamedEntity],
+    measures: re.Pattern[str],
 ) -> str | None:
     """The previous question with its entity (or measurement) swapped for the fragment's, or
     None when the previous question holds nothing of the same kind."""
     if own:
         new = own[0]
-        kind = _kind(new)
-        old = [m for m in _mentions(previous, buildings) if _kind(m) == kind]
+        kind = _kind(new, buildings)
+        old = [m for m in _mentions(previous, buildings) if _kind(m, buildings) == kind]
         old = [m for m in old if m.casefold() != new.casefold()]
         if not old:
             return None
         return _replace_all(previous, old, new)
-    measure = _MEASURES.search(fragment)
+    measure = measures.search(fragment)
     if measure is None:
         return None
-    old_measure = _MEASURES.search(previous)
+    old_measure = measures.search(previous)
     if old_measure is None:
         return None
     # The entity stays: only the measurement changes.
     return previous[: old_measure.start()] + measure.group(0) + previous[old_measure.end() :]
 
 
-def _kind(entity: str) -> str:
+def _kind(entity: str, buildings: Sequence[NamedEntity]) -> str:
+    """What a mention is: a documented token, one of the caller's buildings (by name or id),
+    or another id (a room's, or one the caller cannot see: ids are opaque)."""
     if doc_tokens(entity):
         return "token"
-    if entity.startswith("room-"):
-        return "room"
-    return "building"
+    folded = entity.casefold()
+    if any(folded in (b.name.casefold(), b.entity_id.casefold()) for b in buildings):
+        return "building"
+    return "id" if ids_in_text(entity) else "building"
 
 
 def _mentions(text: str, buildings: Sequence[NamedEntity]) -> list[str]:

@@ -7,22 +7,14 @@ the question also names a building or room the caller can see
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["LiveIntent", "live_intent"]
+from agent.llm.base import ToolSpec
 
-_SENSOR_TYPES = {
-    "co2": "co2",
-    "carbon dioxide": "co2",
-    "temperature": "temperature",
-    "warm": "temperature",
-    "cold": "temperature",
-    "hot": "temperature",
-    "humidity": "humidity",
-    "humid": "humidity",
-    "door counter": "door_counter",
-    "door-counter": "door_counter",
-}
+__all__ = ["LiveIntent", "live_intent", "named_sensor_types", "sensor_type_words", "sensor_types"]
+
 _OCCUPANCY = re.compile(
     r"\b(busy|busiest|full|fullest|crowded|occupancy|occupied|utili[sz]ation|how many people"
     r"|people (are )?in|empty|emptiest|free|quiet(est)?)\b"
@@ -59,11 +51,42 @@ class LiveIntent:
     inventory: bool = False
     reading: bool = False
     history_hours: int | None = None
-    sensor_type: str | None = None  # one of the sensor service's types, when named
+    sensor_type: str | None = None  # one of the types the tools' schemas list, when named
 
 
-def _sensor_type(text: str) -> str | None:
-    found = {kind for word, kind in _SENSOR_TYPES.items() if re.search(rf"\b{word}\b", text)}
+def sensor_types(specs: Iterable[ToolSpec]) -> tuple[str, ...]:
+    """The sensor types the tools' schemas list (the enum of a ``sensor_type`` argument),
+    without a quantity a tool answers on its own (``ToolSpec.answers``: occupancy has its
+    own tool and intent)."""
+    specs = list(specs)
+    answered = {quantity for spec in specs for quantity in spec.answers}
+    found: dict[str, None] = {}
+    for spec in specs:
+        properties: dict[str, Any] = spec.parameters.get("properties", {})
+        for value in properties.get("sensor_type", {}).get("enum", []):
+            if isinstance(value, str) and value not in answered:
+                found.setdefault(value, None)
+    return tuple(found)
+
+
+def sensor_type_words(sensor_type: str) -> tuple[str, ...]:
+    """How a question writes a type ("door_counter": "door counter", "door-counter")."""
+    return tuple(dict.fromkeys((sensor_type, *(sensor_type.replace("_", c) for c in " -"))))
+
+
+def named_sensor_types(text: str, types: Sequence[str]) -> set[str]:
+    """The types of ``types`` that ``text`` names."""
+    text = text.lower()
+    return {
+        kind
+        for kind in types
+        for word in sensor_type_words(kind)
+        if re.search(rf"\b{re.escape(word.lower())}s?\b", text)
+    }
+
+
+def _sensor_type(text: str, types: Sequence[str]) -> str | None:
+    found = named_sensor_types(text, types)
     return found.pop() if len(found) == 1 else None
 
 
@@ -74,9 +97,10 @@ def _hours(text: str) -> int:
     return 168 if _WEEK.search(text) else 24
 
 
-def live_intent(question: str) -> LiveIntent:
+def live_intent(question: str, types: Sequence[str] = ()) -> LiveIntent:
+    """What ``question`` asks of its places; ``types``: the sensor types the tools list."""
     text = question.lower()
-    sensor_type = _sensor_type(text)
+    sensor_type = _sensor_type(text, types)
     history = bool(_HISTORY.search(text)) and sensor_type is not None
     inventory = bool(_INVENTORY.search(text)) and not history
     reading = sensor_type is not None and not history and bool(_READING.search(text))

@@ -47,7 +47,7 @@ from agent.small_model.entities import (
     named_rooms,
 )
 from agent.small_model.followups import DeterministicRewriter, QueryRewriter, Rewrite
-from agent.small_model.intents import LiveIntent
+from agent.small_model.intents import LiveIntent, sensor_types
 from agent.small_model.reading import QuestionReading
 from agent.small_model.reference import compose_reference
 from agent.small_model.routing import (
@@ -261,8 +261,14 @@ class Planner:
         buildings: list[NamedEntity] = []
         if ListBuildings.name in names:
             lookup, buildings = await self._buildings(run)
-        rewrite = await self._rewrite(run, question, buildings)
-        reading = QuestionReading.of(rewrite.query if rewrite else question, buildings)
+        types = sensor_types(specs)
+        rewrite = await self._rewrite(run, question, buildings, types)
+        reading = QuestionReading.of(rewrite.query if rewrite else question, buildings, types)
+        async for looked_up in self._resolve(run, reading, names):
+            if isinstance(looked_up, QuestionReading):
+                reading = looked_up
+            else:
+                yield looked_up
         entities.add_ids(reading.typed_ids, LIVE_KINDS)
         named, tokens = list(reading.buildings), reading.tokens
         search: ToolOutcome | None = None
@@ -316,12 +322,18 @@ class Planner:
         yield Plan(decision, offered_tools(decision.route, specs), answer=answer, rewrite=rewrite)
 
     async def _rewrite(
-        self, run: Run, question: str, buildings: Sequence[NamedEntity]
+        self,
+        run: Run,
+        question: str,
+        buildings: Sequence[NamedEntity],
+        types: Sequence[str],
     ) -> Rewrite | None:
         """The follow-up's standalone form (None: no earlier turns), noted on the run."""
         if not self.earlier:
             return None
-        rewrite = await self.rewriter.rewrite(question, self.earlier, known=buildings)
+        rewrite = await self.rewriter.rewrite(
+            question, self.earlier, known=buildings, measures=types
+        )
         if rewrite.rewritten:
             carried = ", ".join(rewrite.carried) or "the previous question"
             run.notes.append(
@@ -329,6 +341,26 @@ class Planner:
                 f"conversation: {carried})"
             )
         return rewrite
+
+    async def _resolve(
+        self, run: Run, reading: QuestionReading, names: set[str]
+    ) -> AsyncIterator[ToolEvent | QuestionReading]:
+        """The kind of each id the question types without saying what it is, looked up as
+        the caller (ids are opaque): a room when ``get_room`` finds it (the lookup is in the
+        trace), else a building (grounded like one: an unknown id gets its not-found answer).
+        Yields the lookups' ``tool`` events, then the resolved reading."""
+        rooms: list[str] = []
+        buildings: list[str] = []
+        for entity_id in reading.unresolved_ids[:MAX_GROUNDED]:
+            lookup = None
+            if GetRoom.name in names:
+                lookup = await self._execute(run, GetRoom.name, {"room_id": entity_id})
+            if lookup is not None and lookup.ok:
+                rooms.append(entity_id)
+                yield self._traced_lookup(run, lookup)
+            else:
+                buildings.append(entity_id)
+        yield reading.resolved(rooms, buildings) if rooms or buildings else reading
 
     def _composed(
         self, reading: QuestionReading, signals: RouteSignals, decision: RouteDecision
@@ -338,7 +370,7 @@ class Planner:
         if not self.compose:
             return None
         if decision.route == "greeting":
-            return compose_greeting(reading.text)
+            return compose_greeting(reading.text, reading.sensor_types)
         if decision.idk:
             return IDK_MARKER  # the caller's documentation does not hold what it asks
         if decision.route == "documentation":
@@ -350,6 +382,7 @@ class Planner:
             self._intent,
             self._shown,
             building_list=signals.building_list,
+            sensor_types=reading.sensor_types,
         )
 
     # --- the lookups --------------------------------------------------------------------------

@@ -14,12 +14,18 @@ out, so "the Cold Store" says nothing about temperature).
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.small_model.entities import NamedEntity, ids_in_text, match_names, typed_as
-from agent.small_model.intents import LiveIntent, asks_for_buildings, live_intent
+from agent.small_model.entities import NamedEntity, ids_after_word, ids_in_text, match_names
+from agent.small_model.intents import (
+    LiveIntent,
+    asks_for_buildings,
+    live_intent,
+    named_sensor_types,
+)
 from agent.small_model.routing import beyond_reading, is_greeting, live_words, product_words
 from agent.words import content_words, doc_tokens
 
@@ -35,6 +41,10 @@ def without(question: str, mentions: Sequence[str]) -> str:
     return question
 
 
+def _unique(ids: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(ids))
+
+
 @dataclass(frozen=True)
 class QuestionReading:
     """One question as the small-model strategy reads it (see the module docstring)."""
@@ -45,7 +55,7 @@ class QuestionReading:
     words: frozenset[str]  # content words (``agent.words``)
     buildings: tuple[NamedEntity, ...]  # the caller's buildings it names, longest name first
     typed_ids: tuple[str, ...]  # every id it spells out
-    typed_buildings: tuple[str, ...]  # ids it types as buildings
+    typed_buildings: tuple[str, ...]  # ids it types as buildings (or the caller's list holds)
     typed_rooms: tuple[str, ...]  # ids it types as rooms
     # Its content words besides the buildings' names and a live reading: what it asks of a
     # page about them, if anything (``routing.beyond_reading``).
@@ -53,16 +63,25 @@ class QuestionReading:
     asks_for_buildings: bool  # which buildings the caller has
     product_words: bool  # names something of the product
     live_words: bool  # asks for a live reading or measurement
+    sensor_types: tuple[str, ...] = ()  # the types the tools' schemas list (``intents``)
 
     @classmethod
-    def of(cls, question: str, buildings: Sequence[NamedEntity]) -> QuestionReading:
-        """``question`` read against the caller's ``buildings`` (``list_buildings``)."""
+    def of(
+        cls,
+        question: str,
+        buildings: Sequence[NamedEntity],
+        sensor_types: Sequence[str] = (),
+    ) -> QuestionReading:
+        """``question`` read against the caller's ``buildings`` (``list_buildings``) and the
+        sensor types the tools list."""
         named = tuple(match_names(question, buildings))
         typed = tuple(ids_in_text(question))
-        as_buildings, as_rooms = (
-            typed_as(question, "building", "bld-"),
-            typed_as(question, "room", "room-"),
-        )
+        listed = {b.entity_id for b in buildings}
+        # Ids are opaque: one is a building's when the caller's list holds it or the question
+        # says so ("building X"), a room's when it says so; any other is resolved by lookup.
+        said = ids_after_word(question, "building")
+        as_buildings = _unique([*said, *(i for i in typed if i in listed)])
+        as_rooms = _unique(i for i in ids_after_word(question, "room") if i not in as_buildings)
         rest = without(question, [b.name for b in named])
         return cls(
             text=question,
@@ -73,10 +92,25 @@ class QuestionReading:
             greeting=is_greeting(question),
             asks_beyond_names=frozenset(beyond_reading(rest)),
             product_words=product_words(question),
-            live_words=live_words(question),
+            live_words=live_words(question) or bool(named_sensor_types(question, sensor_types)),
             tokens=tuple(doc_tokens(question)),
             words=frozenset(content_words(question)),
             asks_for_buildings=asks_for_buildings(question),
+            sensor_types=tuple(sensor_types),
+        )
+
+    @property
+    def unresolved_ids(self) -> tuple[str, ...]:
+        """The ids it types whose kind neither the question nor the caller's list says."""
+        kinds = {*self.typed_buildings, *self.typed_rooms}
+        return tuple(i for i in self.typed_ids if i not in kinds)
+
+    def resolved(self, rooms: Sequence[str], buildings: Sequence[str]) -> QuestionReading:
+        """This reading with looked-up ids added to its typed rooms and buildings."""
+        return dataclasses.replace(
+            self,
+            typed_rooms=_unique([*self.typed_rooms, *rooms]),
+            typed_buildings=_unique([*self.typed_buildings, *buildings]),
         )
 
     def coverage(self, text: str) -> float:
@@ -101,4 +135,4 @@ class QuestionReading:
         """What the question asks of its places, read without ``mentions`` (the names it
         used) and the ids it typed: that rest of the question, and its ``LiveIntent``."""
         rest = without(self.text, [*mentions, *self.typed_ids])
-        return rest, live_intent(rest)
+        return rest, live_intent(rest, self.sensor_types)

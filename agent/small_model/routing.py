@@ -81,7 +81,7 @@ _PRODUCT_VOCABULARY = (
 # tools ("Which sensors are offline?"), not to the documentation.
 _LIVE_VOCABULARY = (
     "people person busy busier busiest crowded occupancy occupied full fullest empty "
-    "emptiest quiet quietest reading temperature co2 humidity current currently now today "
+    "emptiest quiet quietest reading level current currently now today "
     "offline online reporting history trend level warm cold hot right"
 )
 _QUOTED = re.compile(r"(?<!\w)(?:'[^']*'|\"[^\"]*\"|‘[^’]*’|“[^”]*”)(?!\w)")
@@ -104,7 +104,8 @@ def product_words(question: str) -> bool:
 
 
 def live_words(question: str) -> bool:
-    """The question asks for a live reading or measurement (people, now, offline...)."""
+    """The question asks for a live reading or measurement (people, now, offline...; the
+    sensor types the tools list are read in ``agent.small_model.reading``)."""
     return bool(content_words(_unquoted(question)) & _LIVE_WORDS)
 
 

@@ -24,7 +24,14 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from agent.llm.base import ToolCall, ToolSpec
-from agent.tools.base import ChunkSink, ResultT, Tool, ToolContext, ToolError
+from agent.tools.base import (
+    ChunkSink,
+    ResultT,
+    Tool,
+    ToolContext,
+    ToolError,
+    entity_arguments,
+)
 from retrieval.search import SearchHit
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,9 @@ class ToolOutcome:
     result_json: str  # what the model reads (an {"error": ...} object when not ok)
     duration_ms: float
     chunks: tuple[SearchHit, ...] = ()  # documentation chunks this call showed the model
+    # The entity ids among the valid arguments, as (kind, id): the kinds the tool's schema
+    # declares (``EntityRef``), so a conversation keeps what each turn was about, typed.
+    entities: tuple[tuple[str, str], ...] = ()
 
 
 def _json(value: object) -> str:
@@ -71,6 +81,17 @@ def result_of(outcome: ToolOutcome, tool: type[Tool[Any, ResultT]]) -> ResultT |
     except ValidationError:
         log.warning("tool %s: its result does not parse as %s", tool.name, tool.result_model)
         return None
+
+
+def entities_of(args: BaseModel) -> tuple[tuple[str, str], ...]:
+    """The (kind, id) pairs of an args model's ``EntityRef`` fields, in argument order."""
+    found: list[tuple[str, str]] = []
+    for argument, kind in entity_arguments(type(args)).items():
+        value = getattr(args, argument, None)
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, str) and item:
+                found.append((kind, item))
+    return tuple(dict.fromkeys(found))
 
 
 def validation_message(tool: str, exc: ValidationError) -> str:
@@ -149,6 +170,8 @@ class ToolRegistry:
         # process boundary); they are merged into the request's sink as well.
         call_ctx = dataclasses.replace(ctx, seen_chunks=ChunkSink())
 
+        entities: tuple[tuple[str, str], ...] = ()
+
         def outcome(
             text: str | None,
             error: str | None,
@@ -172,6 +195,7 @@ class ToolRegistry:
                 result_json=text,
                 duration_ms=round((time.perf_counter() - started) * 1000.0, 2),
                 chunks=chunks,
+                entities=entities,
             )
             return done, (None if error is None else (kind or "tool_error", exc))
 
@@ -190,6 +214,7 @@ class ToolRegistry:
             args: BaseModel = tool.args_model.model_validate(arguments)
         except ValidationError as exc:
             return outcome(None, validation_message(call.name, exc), "invalid_arguments", exc)
+        entities = entities_of(args)
         timeout = tool.timeout_seconds or self.timeout_seconds
         try:
             result = await asyncio.wait_for(tool.run(args, call_ctx), timeout)

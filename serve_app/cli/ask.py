@@ -7,6 +7,7 @@ import json
 from typing import Any, TextIO
 
 from foundation.settings import Settings
+from local_world.world_file import WorldFileError, load_world_file
 from serve_app.ask_output import StreamPrinter, parse_sse_lines, print_summary
 from serve_app.cli.common import EXIT_OK, CliError, csv_list
 
@@ -23,9 +24,52 @@ def claims_header(sub: str, roles: list[str], domains: list[str]) -> str:
 def add_caller_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the service is and who is asking (``ask`` and ``conversations``)."""
     parser.add_argument("--url", help="API base URL (default: the local service)")
-    parser.add_argument("--sub", default="demo-user")
-    parser.add_argument("--roles", default="business_staff")
-    parser.add_argument("--domains", default="northwind")
+    parser.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        help="ask as one of the local world's users (the `users` of LOCAL_WORLD_FILE, else "
+        "of the sample world: the chat page's development users); --sub/--roles/--domains "
+        "still override its fields",
+    )
+    parser.add_argument(
+        "--sub", help="default: the local world's default caller (the sample's: demo-user)"
+    )
+    parser.add_argument(
+        "--roles", help="comma-separated; default: the default caller's (business_staff)"
+    )
+    parser.add_argument(
+        "--domains", help="comma-separated; default: the default caller's (northwind)"
+    )
+
+
+def caller_of(args: argparse.Namespace, settings: Settings) -> tuple[str, list[str], list[str]]:
+    """``(sub, roles, domains)``: ``--as`` (a user of the local world) or the world's default
+    caller, with each of ``--sub``/``--roles``/``--domains`` given replacing its part."""
+    try:
+        world = load_world_file(settings.serve.local_world_file)
+    except WorldFileError as exc:
+        raise CliError(f"LOCAL_WORLD_FILE: {exc}") from None
+    if args.as_user:
+        user = world.user(args.as_user)
+        if user is None:
+            known = ", ".join(u.id for u in world.users) or "none"
+            raise CliError(
+                f"--as {args.as_user}: the local world {world.name!r} has no such user "
+                f"(its users: {known})"
+            )
+        sub, roles, domains = user.id, list(user.roles), list(user.domains)
+    elif (default := world.caller) is not None:
+        sub, roles, domains = default.sub, list(default.roles), list(default.domains)
+    else:
+        sub, roles, domains = "demo-user", ["business_staff"], [world.domains[0].id]
+    if args.sub:
+        sub = args.sub
+    if args.roles:
+        roles = csv_list(args.roles)
+    if args.domains:
+        domains = csv_list(args.domains)
+    return sub, roles, domains
 
 
 def api_base(args: argparse.Namespace, settings: Settings) -> str:
@@ -35,11 +79,9 @@ def api_base(args: argparse.Namespace, settings: Settings) -> str:
     return url
 
 
-def caller_headers(args: argparse.Namespace) -> dict[str, str]:
-    """The ``x-gateway-claims`` header of ``--sub``/``--roles``/``--domains``."""
-    return {
-        "x-gateway-claims": claims_header(args.sub, csv_list(args.roles), csv_list(args.domains))
-    }
+def caller_headers(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
+    """The ``x-gateway-claims`` header of the caller (``caller_of``)."""
+    return {"x-gateway-claims": claims_header(*caller_of(args, settings))}
 
 
 def where_stored(result: dict[str, Any]) -> str:
@@ -55,7 +97,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     import httpx
 
     base = api_base(args, settings)
-    headers = caller_headers(args)
+    headers = caller_headers(args, settings)
     # Streaming is the default (a person sees progress at once); --json prints the response
     # object exactly, so it asks for it whole.
     stream = not (args.no_stream or args.json)
@@ -119,11 +161,11 @@ def add_parsers(sub: Any) -> None:
     ask = sub.add_parser(
         "ask",
         help="ask the running service a question over HTTP, as a given caller",
-        description="POSTs to /ask with an x-gateway-claims header for --sub/--roles/--domains "
-        "(as the mesh would set it) and streams the answer: the answering model, a line per "
-        "tool as it runs, a waiting indicator while the model is queued, the answer text, "
-        "then citations, the decision, who wrote the answer (the model or the service) and "
-        "the conversation and turn it was stored as "
+        description="POSTs to /ask with an x-gateway-claims header for --as USER or "
+        "--sub/--roles/--domains (as the mesh would set it) and streams the answer: the "
+        "answering model, a line per tool as it runs, a waiting indicator while the model "
+        "is queued, the answer text, then citations, the decision, who wrote the answer (the "
+        "model or the service) and the conversation and turn it was stored as "
         "(--conversation ID asks a follow-up in it). --json prints the response object "
         "instead.",
     )

@@ -1,7 +1,7 @@
 """``agent-service conversations``: a caller's conversations through the running service
-(``list``, ``show``, ``delete``: the HTTP API as ``--sub``/``--roles``/``--domains``, like
-``ask``), and ``prune``: the retention job, straight on the database (every owner's
-conversations inactive for more than ``CONVERSATION_TTL_DAYS``)."""
+(``list``, ``show``, ``delete``: the HTTP API as ``--as`` or ``--sub``/``--roles``/
+``--domains``, like ``ask``), and ``prune``: the retention job, straight on the database
+(every owner's conversations inactive for more than ``CONVERSATION_TTL_DAYS``)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _call(
     try:
         with httpx.Client(timeout=httpx.Timeout(30, connect=10)) as client:
             resp = client.request(
-                method, f"{base}{path}", headers=caller_headers(args), params=params
+                method, f"{base}{path}", headers=caller_headers(args, settings), params=params
             )
     except httpx.HTTPError as exc:
         raise CliError(f"could not reach {base} ({type(exc).__name__}); is it running?") from None

@@ -117,13 +117,27 @@ def add_parsers(sub: Any) -> None:
         "recall@k and MRR of the documentation search alone. `agent-service eval "
         "export-feedback [--out FILE] [--rating down|up|all] [--since WHEN]` instead writes "
         "the turns users rated (POST /feedback) as golden-row candidates to review (read from "
-        "the database; no service needed). See evals/README.md.",
+        "the database; no service needed). Rows are split into dev (fitted on; the default) "
+        "and test (frozen; --split test is the run of record). See evals/README.md.",
     )
     ev.add_argument(
         "datasets",
         nargs="*",
         metavar="DATASET",
-        help="YAML files (default: golden.yaml); or `export-feedback`",
+        help="YAML files (default: golden.yaml and test.yaml); or `export-feedback`",
+    )
+    ev.add_argument(
+        "--split",
+        choices=("dev", "test", "all"),
+        help="which rows: dev (the default; may be fitted on), test (frozen: the run of "
+        "record) or all; a --rescore defaults to the saved run's split",
+    )
+    ev.add_argument(
+        "--world",
+        action="append",
+        metavar="NAME",
+        help="only rows of this world (their world:<name> tag; untagged rows are the sample "
+        "world); repeatable or comma-separated; default every world",
     )
     ev.add_argument("--base-url", help="API base URL (default: SERVE_HOST:SERVE_PORT+API_PREFIX)")
     ev.add_argument("--concurrency", type=int, default=4, help="rows in flight (default 4)")

@@ -1,12 +1,14 @@
-"""The development sign-in's users: one per role of ``foundation/roles.json``, in the local
-world's domains (``local_world``: northwind, acme, civic; ``crowdvision-ops`` for the fleet
-admin), so a person running ``make run`` can see what each role and domain may see.
+"""The development sign-in's users: the ``users`` of the local world the simulators serve
+(``LOCAL_WORLD_FILE``, else the sample world's ``local_world/worlds/sample.yaml``: one per role
+of ``foundation/roles.json`` in the sample's domains, northwind, acme and civic, and
+``crowdvision-ops`` for the fleet admin), so a person running ``make run`` can see what each
+role and domain may see, in whichever world they run.
 
 Offered only where the server is in a development mode (``dev_sign_in_enabled``):
 ``REQUIRE_AUTH=false`` or ``EVAL_JWT_SECRET`` set. With the secret, signing in sets the
 ``authentication_token`` cookie to an eval token minted here (the secret never leaves the
 server); with ``REQUIRE_AUTH=false`` alone, the page sends the user's ``x-gateway-claims``
-itself, as the CLI's ``ask --sub/--roles/--domains`` does.
+itself, as the CLI's ``ask --as/--sub/--roles/--domains`` does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from foundation.eval_tokens import secret_value
 from foundation.settings import Settings
+from local_world.world_file import WorldSpec, load_world_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,18 +28,24 @@ class DevUser:
     domains: tuple[str, ...]
 
 
-DEV_USERS: tuple[DevUser, ...] = (
-    DevUser("nina", "Nina: Northwind business staff", ("business_staff",), ("northwind",)),
-    DevUser("bram", "Bram: Northwind business admin", ("business_admin",), ("northwind",)),
-    DevUser("carla", "Carla: Acme customer", ("standard_customer",), ("acme",)),
-    DevUser("lee", "Lee: Civic business staff", ("business_staff",), ("civic",)),
-    DevUser("eve", "Eve: CrowdVision admin (every domain)", ("admin",), ("crowdvision-ops",)),
-)
+def world_users(world: WorldSpec) -> tuple[DevUser, ...]:
+    """A world file's users as development users."""
+    return tuple(DevUser(u.id, u.label, tuple(u.roles), tuple(u.domains)) for u in world.users)
+
+
+# The sample world's users (what the page offers when LOCAL_WORLD_FILE is unset).
+DEV_USERS: tuple[DevUser, ...] = world_users(load_world_file(None))
 DEV_TOKEN_TTL_SECONDS = 8 * 3600
 
 
-def dev_user(user_id: str) -> DevUser | None:
-    return next((u for u in DEV_USERS if u.id == user_id), None)
+def dev_users(settings: Settings) -> tuple[DevUser, ...]:
+    """The users of the world ``LOCAL_WORLD_FILE`` names (read once per file version); a
+    file that is not a valid world raises ``WorldFileError`` naming the file and field."""
+    return world_users(load_world_file(settings.serve.local_world_file))
+
+
+def dev_user(user_id: str, users: tuple[DevUser, ...] = DEV_USERS) -> DevUser | None:
+    return next((u for u in users if u.id == user_id), None)
 
 
 def dev_sign_in_enabled(settings: Settings) -> bool:

@@ -12,10 +12,11 @@ from agent_helpers import ACME_STAFF, ADMIN, NORTHWIND_STAFF, mesh_user
 
 from agent.answer import DoneEvent, TokenEvent
 from agent.loop import Agent
-from agent.small_model.composing import compose_greeting
-from agent.small_model.intents import live_intent
+from agent.small_model.composing import compose_greeting, sensor_word
+from agent.small_model.intents import live_intent, sensor_types
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
+from tests.shipped_tools import shipped_registry
 
 NOBODY = mesh_user("tess", ("ghost-domain", "business_admin"))  # a domain with no building
 
@@ -176,7 +177,9 @@ async def test_composing_can_be_switched_off(make_local_agent: Any) -> None:
 
 async def test_a_greeting_is_answered_at_once(make_local_agent: Any) -> None:
     answer = await composing_agent(make_local_agent).answer("Hello!", ADMIN)
-    assert answer.answer == compose_greeting("Hello!") and answer.tool_calls == []
+    types = sensor_types(shipped_registry().specs())  # what the greeting lists: the tools'
+    assert answer.answer == compose_greeting("Hello!", types) and answer.tool_calls == []
+    assert all(sensor_word(t) in answer.answer for t in types)
     assert compose_greeting("Thanks!").startswith("You're welcome!")
 
 

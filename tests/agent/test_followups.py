@@ -22,10 +22,13 @@ from agent.small_model.followups import (
     QueryRewriter,
     Rewrite,
 )
+from agent.small_model.intents import sensor_types
 from agent.small_model.strategy import SmallModelStrategy
 from agent.testing import ScriptedModel, text_reply
 from agent.turns import PriorTurn, history_messages, prior_turn, without_markers
 from foundation.observability import attributes as attr
+from foundation.records import EntityRefOut, ToolCallTrace
+from tests.shipped_tools import shipped_registry
 
 HARBOR = NamedEntity("building", "bld-northwind-harbor", "Harbor Warehouse")
 NW_HQ = NamedEntity("building", "bld-northwind-hq", "Northwind HQ")
@@ -37,10 +40,11 @@ ACME = (
 CV_E1033 = PriorTurn("What does CV-E1033 mean?", "CV-E1033 is clock skew: the ts is off.")
 
 rewriter = DeterministicRewriter()
+SENSOR_TYPES = sensor_types(shipped_registry().specs())  # the shipped tools' sensor types
 
 
 def rewrite(question: str, *earlier: PriorTurn, known: tuple[NamedEntity, ...] = ()) -> Rewrite:
-    return rewriter.rewrite_now(question, earlier, known=known)
+    return rewriter.rewrite_now(question, earlier, known=known, measures=SENSOR_TYPES)
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -65,7 +69,9 @@ def test_it_is_a_query_rewriter_port() -> None:
     ],
 )
 def test_a_standalone_question_is_left_unchanged(question: str) -> None:
-    earlier = PriorTurn("How busy is Harbor Warehouse?", "It is at 40%.", (HARBOR.entity_id,))
+    earlier = PriorTurn(
+        "How busy is Harbor Warehouse?", "It is at 40%.", (("building", HARBOR.entity_id),)
+    )
     result = rewrite(question, earlier, CV_E1033, known=NORTHWIND)
     assert result.query == question
     assert not result.rewritten
@@ -103,7 +109,9 @@ def test_an_error_code_named_only_in_the_answer_is_carried_for_that_error() -> N
 
 def test_a_building_is_carried_by_name_from_the_turn_or_its_tool_calls() -> None:
     by_name = PriorTurn("How busy is Harbor Warehouse?", "40% of capacity.")
-    by_call = PriorTurn("How busy is bld-northwind-harbor?", "40%.", (HARBOR.entity_id,))
+    by_call = PriorTurn(
+        "How busy is bld-northwind-harbor?", "40%.", (("building", HARBOR.entity_id),)
+    )
     for earlier in (by_name, by_call):
         result = rewrite("and which of its rooms has a CO2 sensor?", earlier, known=NORTHWIND)
         assert result.query == "and which of Harbor Warehouse's rooms has a CO2 sensor?"
@@ -113,7 +121,9 @@ def test_a_building_is_carried_by_name_from_the_turn_or_its_tool_calls() -> None
 
 
 def test_ellipsis_takes_the_previous_predicate() -> None:
-    busy = PriorTurn("How busy is Acme Tower right now?", "Busy.", ("bld-acme-tower",))
+    busy = PriorTurn(
+        "How busy is Acme Tower right now?", "Busy.", (("building", "bld-acme-tower"),)
+    )
     assert rewrite("what about Acme Labs?", busy, known=ACME).query == (
         "How busy is Acme Labs right now?"
     )
@@ -123,7 +133,7 @@ def test_ellipsis_takes_the_previous_predicate() -> None:
     temperature = PriorTurn(
         "What is the temperature in room room-harbor-cold-store?",
         "4 °C.",
-        ("room-harbor-cold-store",),
+        (("room", "room-harbor-cold-store"),),
     )
     assert rewrite("and humidity?", temperature, known=NORTHWIND).query == (
         "What is the humidity in room room-harbor-cold-store?"
@@ -146,14 +156,14 @@ def test_a_documentation_topic_is_carried_when_no_entity_is() -> None:
 
 def test_a_three_turn_thread_carries_through_the_middle_turn() -> None:
     """The second turn's standalone form is what the third refers back to."""
-    first = PriorTurn("How busy is Harbor Warehouse?", "40%.", (HARBOR.entity_id,))
+    first = PriorTurn("How busy is Harbor Warehouse?", "40%.", (("building", HARBOR.entity_id),))
     second = PriorTurn("and which of its rooms has a CO2 sensor?", "Loading Dock A.")
     result = rewrite("is it currently reporting?", first, second, known=NORTHWIND)
     assert "Harbor Warehouse" in result.query
 
 
 def test_the_newest_turn_that_was_about_something_wins() -> None:
-    older = PriorTurn("How busy is Harbor Warehouse?", "40%.", (HARBOR.entity_id,))
+    older = PriorTurn("How busy is Harbor Warehouse?", "40%.", (("building", HARBOR.entity_id),))
     newer = PriorTurn("What does CV-E1033 mean?", "Clock skew.")
     assert rewrite("How do I fix it?", older, newer, known=NORTHWIND).query == (
         "How do I fix CV-E1033?"
@@ -190,7 +200,9 @@ def test_a_rewrite_holds_only_words_of_the_question_the_turns_and_the_callers_li
 def test_a_building_the_caller_cannot_see_now_is_not_carried() -> None:
     """An earlier turn's building id missing from the caller's own list (access lost, or an
     id the caller typed that is not theirs) is dropped, and nothing else stands in for it."""
-    earlier = PriorTurn("How busy is bld-acme-tower?", "No such building.", ("bld-acme-tower",))
+    earlier = PriorTurn(
+        "How busy is bld-acme-tower?", "No such building.", (("building", "bld-acme-tower"),)
+    )
     result = rewrite("and how many floors does it have?", earlier, known=NORTHWIND)
     assert result.query == "and how many floors does it have?"
     assert result.rule == "nothing_to_carry"
@@ -198,17 +210,18 @@ def test_a_building_the_caller_cannot_see_now_is_not_carried() -> None:
 
 
 def test_failed_tool_calls_carry_no_ids() -> None:
-    class Call:
-        def __init__(self, arguments: dict[str, Any], ok: bool) -> None:
-            self.arguments, self.ok = arguments, ok
+    def call(ok: bool, *entities: tuple[str, str]) -> ToolCallTrace:
+        arguments = {kind: entity_id for kind, entity_id in entities}
+        refs = tuple(EntityRefOut(kind=kind, id=entity_id) for kind, entity_id in entities)
+        return ToolCallTrace(name="t", arguments=arguments, ok=ok, duration_ms=1, entities=refs)
 
     turn = prior_turn(
         "q",
         "a",
         [
-            Call({"building_id": "bld-acme-tower"}, False),  # not found as the caller
-            Call({"building_id": "bld-northwind-harbor"}, True),
-            Call({"room_ids": ["room-harbor-dock-a", "room-harbor-dock-b"]}, True),
+            call(False, ("building", "bld-acme-tower")),  # not found as the caller
+            call(True, ("building", "bld-northwind-harbor")),
+            call(True, ("room", "room-harbor-dock-a"), ("room", "room-harbor-dock-b")),
         ],
     )
     assert turn.entity_ids == ("bld-northwind-harbor", "room-harbor-dock-a", "room-harbor-dock-b")

@@ -165,3 +165,20 @@ async def test_over_http_threaded_and_standalone() -> None:
     assert "| threaded | 1/3 (33%) |" in summary and "p95 |" in summary
     assert "2 of 2" in report.context["conversations run"]
     assert "turn 2, threaded" in bench.report_markdown(report)
+
+
+def test_the_split_picks_the_conversations_and_the_summary_says_which() -> None:
+    default = bench.parse_args([])
+    assert default.split == "dev"
+    assert [p.name for p in default.datasets] == ["followups.yaml", "test-followups.yaml"]
+    dev = default.load()
+    assert {c.split for c in dev.conversations} == {"dev"}
+    assert len(dev.conversations) == 41
+    frozen = bench.parse_args(["--split", "test", "--world", "sample"]).load()
+    assert {c.split for c in frozen.conversations} == {"test"}
+    assert frozen.worlds == ("sample",)
+    one = bench.parse_args(["--dataset", str(ROOT / "evals/datasets/followups.yaml")])
+    assert len(one.load().conversations) == 41
+    summary = bench.summary_markdown(bench.Report(frozen, []))
+    assert summary.startswith(f"split test: {len(frozen.conversations)} conversations")
+    assert "test-followups.yaml" in summary

@@ -261,3 +261,85 @@ def test_the_golden_dataset_if_present_is_valid() -> None:
     # every marker names the model(s) it is about; none hides a row for every model (the
     # local models' markers were removed for issue 14's run of record: there may be none)
     assert all(m.models and "*" not in m.models for m in marked)
+
+
+# --- dev and test, worlds (issue 42) ------------------------------------------------------
+
+SPLIT_ROWS = """
+version: 1
+split: dev
+rows:
+  - {id: d1, question: "q1", idk: true, tags: [doc]}
+  - {id: t1, question: "q2", idk: true, split: test, tags: [doc, "world:second"]}
+  - {id: d2, question: "q3", idk: true, tags: [live]}
+"""
+UNSPLIT_ROWS = """
+version: 1
+rows:
+  - {id: u1, question: "q4", idk: true}
+"""
+
+
+def test_a_rows_side_is_its_own_else_its_files_else_test(tmp_path: Path) -> None:
+    dev = write_dataset(tmp_path, SPLIT_ROWS, "dev.yaml")
+    plain = write_dataset(tmp_path, UNSPLIT_ROWS, "plain.yaml")
+    dataset = load_datasets([dev, plain])
+    assert {c.id: c.split for c in dataset.cases} == {
+        "d1": "dev",
+        "t1": "test",
+        "d2": "dev",
+        "u1": "test",  # no key anywhere: frozen
+    }
+    assert {c.id: c.world for c in dataset.cases} == {
+        "d1": "sample",
+        "t1": "second",
+        "d2": "sample",
+        "u1": "sample",
+    }
+    assert dataset.counts_by_split_and_world() == {
+        ("dev", "sample"): 2,
+        ("test", "sample"): 1,
+        ("test", "second"): 1,
+    }
+
+
+def test_select_by_split_and_world(tmp_path: Path) -> None:
+    dev = write_dataset(tmp_path, SPLIT_ROWS, "dev.yaml")
+    plain = write_dataset(tmp_path, UNSPLIT_ROWS, "plain.yaml")
+    dataset = load_datasets([dev, plain])
+    chosen = dataset.select(split="dev")
+    assert [c.id for c in chosen.cases] == ["d1", "d2"]
+    assert (chosen.split, chosen.rows_in_files) == ("dev", 4)
+    assert chosen.counts_by_file() == {dev: 2, plain: 0}
+    assert [c.id for c in dataset.select(split="test").cases] == ["t1", "u1"]
+    assert [c.id for c in dataset.select(split="test", worlds=["second"]).cases] == ["t1"]
+    assert [c.id for c in dataset.select(worlds=["sample"]).cases] == ["d1", "d2", "u1"]
+    # a selection of a selection keeps the narrower record
+    assert dataset.select(split="dev").select(only=["d1"]).split == "dev"
+    with pytest.raises(DatasetError, match=r"--only: row 't1' is on the test split, not dev"):
+        dataset.select(only=["t1"], split="dev")
+    with pytest.raises(DatasetError, match=r"--world: no row in world 'mars'"):
+        dataset.select(worlds=["mars"])
+    with pytest.raises(DatasetError, match=r"no row matches the selection \(--split dev"):
+        load_datasets([plain]).select(split="dev")
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("split: train", "split: Input should be 'dev' or 'test'"),
+        ('tags: ["world:a", "world:b"]', "tags: a row is in one world, not 2 (a, b)"),
+        ('tags: ["world:Big World"]', "tags: world:Big World: a world name is like"),
+    ],
+)
+def test_bad_split_or_world(tmp_path: Path, row: str, message: str) -> None:
+    text = f"""
+    version: 1
+    rows:
+      - id: r
+        question: q
+        idk: true
+        {row}
+    """
+    found = problems(tmp_path, text)
+    assert len(found) == 1 and found[0].startswith(f"F: row 1 (id 'r'): {message}"), found

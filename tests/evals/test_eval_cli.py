@@ -15,6 +15,7 @@ from tests.evals.eval_helpers import SECRET, FakeService, answer, call, fake_ser
 
 DATASET = """
 version: 1
+split: dev
 rows:
   - id: ok
     question: "What is CV-E1033?"
@@ -171,3 +172,71 @@ def test_an_unreachable_service_exits_2(
     code, _ = run([str(dataset), "--base-url", gone, "--out-dir", str(tmp_path), "--no-judge"])
     assert code == EXIT_USAGE
     assert f"could not reach the service at {gone}" in capsys.readouterr().err
+
+
+FROZEN = """
+version: 1
+rows:
+  - id: frozen
+    question: "How busy is the cafeteria?"
+    keywords: {any: [busy]}
+    tags: [live, "world:second"]
+"""
+
+
+def test_split_selects_the_rows_and_the_report_says_which_ran(
+    url: str, service: FakeService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    service.reply("How busy is the cafeteria?", answer("It is busy."))
+    dev = write_dataset(tmp_path, DATASET)
+    test = write_dataset(tmp_path, FROZEN, "test.yaml")
+    common = [str(dev), str(test), "--base-url", url, "--no-judge"]
+
+    code, out = run([*common, "--out-dir", str(tmp_path / "dev")])  # the default: dev
+    assert code == EXIT_OK, out
+    assert "How busy is the cafeteria?" not in [a["question"] for a in service.asked]
+    assert "split dev: 3 rows (golden.yaml 3, test.yaml 0) of 4 in the files" in out
+    assert (
+        "- Split: dev: rules, thresholds and prompts may be fitted"
+        in (tmp_path / "dev" / "report.md").read_text()
+    )
+
+    service.asked.clear()
+    code, out = run([*common, "--split", "test", "--out-dir", str(tmp_path / "test")])
+    assert code == EXIT_OK, out
+    assert [a["question"] for a in service.asked] == ["How busy is the cafeteria?"]
+    assert "split test: 1 row (golden.yaml 0, test.yaml 1) of 4 in the files" in out
+    report = (tmp_path / "test" / "report.md").read_text()
+    assert "- Split: test: frozen rows, not read while changing the agent; the run of record" in (
+        report
+    )
+    assert "| test | second | 1 | 1 | 100.0% |" in report
+
+    service.asked.clear()
+    code, out = run([*common, "--split", "all", "--world", "sample", "--out-dir", str(tmp_path)])
+    assert code == EXIT_OK, out
+    assert len(service.asked) == 3  # the second world's row left out
+    assert "split all: 3 rows (golden.yaml 3, test.yaml 0) of 4 in the files; worlds sample" in out
+
+    code, _ = run([*common, "--only", "frozen", "--out-dir", str(tmp_path)])
+    assert code == EXIT_USAGE
+    assert "--only: row 'frozen' is on the test split, not dev" in capsys.readouterr().err
+
+
+def test_a_rescore_keeps_the_saved_runs_split(
+    url: str, service: FakeService, tmp_path: Path
+) -> None:
+    service.reply("How busy is the cafeteria?", answer("It is busy."))
+    dev = write_dataset(tmp_path, DATASET)
+    test = write_dataset(tmp_path, FROZEN, "test.yaml")
+    saved = tmp_path / "saved"
+    args = [str(dev), str(test), "--base-url", url, "--no-judge", "--split", "test"]
+    assert run([*args, "--out-dir", str(saved)])[0] == EXIT_OK
+    responses = saved / "responses.jsonl"
+    code, out = run([str(dev), str(test), "--rescore", str(responses), "--out-dir", str(tmp_path)])
+    assert code == EXIT_OK, out
+    assert "split test: 1 row (golden.yaml 0, test.yaml 1)" in out
+    rescore = [str(dev), str(test), "--rescore", str(responses)]
+    code, out = run([*rescore, "--split", "all", "--out-dir", str(tmp_path / "all")])
+    assert code == EXIT_FAILURE  # the dev rows were never asked in the saved run: ERROR
+    assert "split all: 4 rows" in out

@@ -234,6 +234,44 @@ def test_the_router_table_counts_each_kind_of_row_by_the_route_the_service_took(
     assert "## Router" not in plain
 
 
+def test_the_report_says_which_split_ran_from_which_files(tmp_path: Path) -> None:
+    import dataclasses
+
+    run = sample_run()
+    for result, (split, world) in zip(
+        run.results,
+        [
+            ("dev", "sample"),
+            ("test", "sample"),
+            ("test", "second"),
+            ("test", "sample"),
+            ("dev", "sample"),
+        ],
+        strict=True,
+    ):
+        result.split, result.world = split, world
+    run.results[1].file = run.results[2].file = "evals/datasets/test.yaml"
+    run = dataclasses.replace(
+        run,
+        split="all",
+        files=("evals/datasets/golden.yaml", "evals/datasets/test.yaml"),
+        rows_in_files=156,
+    )
+    text = write_markdown(run, tmp_path / "report.md").read_text()
+    assert "- Split: all: dev and test together" in text
+    assert "- Ran: split all: 5 rows (golden.yaml 3, test.yaml 2) of 156 in the files" in text
+    assert "- Files: `evals/datasets/golden.yaml`, `evals/datasets/test.yaml`" in text
+    assert "## Per split and world" in text
+    assert "| dev | sample | 2 | 0 | 0.0% | 1 | 0 | 1 | 0 |" in text
+    assert "| test | sample | 2 | 1 | 50.0% | 0 | 1 | 0 | 0 |" in text
+    assert "| test | second | 1 | 0 | 0.0% | 0 | 0 | 0 | 1 |" in text
+    assert (
+        text.index("| dev | sample") < text.index("| test | sample") < text.index("| test | second")
+    )
+    root = ET.fromstring(junit_xml(run))
+    assert root.find("testsuite/properties/property[@name='split']").get("value") == "all"  # type: ignore[union-attr]
+
+
 def authored_run() -> EvalRun:
     """The sample run with who wrote each answer (``boom`` has none: an ERROR without a
     response), and the planner's route on two rows."""

@@ -119,12 +119,13 @@ def test_the_cli_retrieval_mode_writes_its_report(
     monkeypatch.setattr(wiring, "build_retriever", lambda settings, store: retriever)
     dataset = write_dataset(tmp_path, DATASET)
     out = io.StringIO()
-    code = main(["eval", str(dataset), "--retrieval", "--k", "2", "--out-dir", str(tmp_path)], out)
+    args = ["eval", str(dataset), "--retrieval", "--k", "2", "--split", "all"]
+    code = main([*args, "--out-dir", str(tmp_path)], out)
     assert code == EXIT_OK
     assert FakeStore.closed
     text = (tmp_path / "retrieval.md").read_text()
-    assert "3 rows with cited_sources; k = 2" in text
+    assert "split all: 3 rows with cited_sources; k = 2" in text
     assert "mean recall@2 0.333; MRR@2 0.333" in out.getvalue()
     assert [depth for _, _, depth in retriever.calls] == [8, 8, 8]
-    code = main(["eval", str(dataset), "--retrieval", "--only", "no-sources"], io.StringIO())
+    code = main([*args, "--only", "no-sources"], io.StringIO())
     assert code == EXIT_USAGE

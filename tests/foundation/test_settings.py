@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from foundation.settings import Settings, SettingsError, load_settings
@@ -41,6 +43,7 @@ def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         ("HISTORY_MAX_TOKENS", "-1"),
         ("KEYWORD_RANKING", "bm25"),
         ("INGEST_DEFER_VECTOR_INDEX", "sometimes"),
+        ("LOCAL_WORLD_FILE", "local_world/worlds/second.toml"),
     ],
 )
 def test_bad_values_name_the_variable(
@@ -87,6 +90,13 @@ def test_doc_roots_parse_typed_acls(monkeypatch: pytest.MonkeyPatch) -> None:
         ("docs/a", []),
         ("docs/b", ["domain:acme", "role:admin"]),
     ]
+
+
+def test_local_world_file_names_a_world_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _load(monkeypatch).serve.local_world_file is None  # the sample world
+    s = _load(monkeypatch, LOCAL_WORLD_FILE="local_world/worlds/second.yaml")
+    assert s.serve.local_world_file == Path("local_world/worlds/second.yaml")
+    assert _load(monkeypatch, LOCAL_WORLD_FILE=" ").serve.local_world_file is None
 
 
 def test_embedding_dim_required_for_other_models(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -190,6 +191,63 @@ def test_sse_lines_parse_into_events() -> None:
     lines = [*sse_body(STREAM[:2]).decode().split("\n"), ": ping", "event: x", "data: [1]"]
     parsed = list(parse_sse_lines(lines))
     assert parsed == [*STREAM[:2], ("x", [1])]
+
+
+@pytest.fixture
+def claims_sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The decoded ``x-gateway-claims`` of each ``/ask`` request (answered with ``DONE``)."""
+    import base64
+
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(base64.b64decode(request.headers["x-gateway-claims"])))
+        return httpx.Response(200, json=DONE)
+
+    real: Callable[..., httpx.Client] = httpx.Client
+    monkeypatch.setattr(
+        httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handler), **kw)
+    )
+    monkeypatch.delenv("LOCAL_WORLD_FILE", raising=False)
+    return sent
+
+
+def _memberships(claims: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    return claims["sub"], [(m["domain"], m["role"]) for m in claims["memberships"]]
+
+
+def test_the_caller_defaults_to_the_worlds_and_flags_replace_its_parts(
+    claims_sent: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ask("--json")[0] == EXIT_OK
+    assert _memberships(claims_sent[-1]) == ("demo-user", [("northwind", "business_staff")])
+    ask("--json", "--sub", "nina", "--domains", "acme,civic")
+    assert _memberships(claims_sent[-1]) == (
+        "nina",
+        [("acme", "business_staff"), ("civic", "business_staff")],
+    )
+    ask("--json", "--as", "carla")
+    assert _memberships(claims_sent[-1]) == ("carla", [("acme", "standard_customer")])
+
+    monkeypatch.setenv("LOCAL_WORLD_FILE", "local_world/worlds/second.yaml")
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    ask("--json")
+    assert _memberships(claims_sent[-1]) == ("ines", [("aurelia-health", "business_staff")])
+    ask("--json", "--as", "ravi", "--roles", "business_staff")
+    assert _memberships(claims_sent[-1]) == (
+        "ravi",
+        [("aurelia-health", "business_staff"), ("tidewater.edu", "business_staff")],
+    )
+
+
+def test_an_unknown_local_user_is_a_usage_error(
+    claims_sent: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ask("--json", "--as", "mallory")[0] == EXIT_USAGE
+    assert claims_sent == []
+    assert "the local world 'sample' has no such user (its users: nina, bram" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(("by", "said"), [("model", "the model"), ("service", "the service")])

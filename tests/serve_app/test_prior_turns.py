@@ -15,6 +15,7 @@ from agent.turns import MAX_EARLIER, PriorTurn, history_messages
 from conversations.memory import InMemoryConversationStore
 from conversations.store import Turn, TurnRecord
 from foundation.identity import AuthUser
+from foundation.records import EntityRefOut
 from foundation.records import ToolCallTrace as ToolCallRecord
 from serve_app.backend import ConversationNotFound
 from serve_app.history import prior_turns
@@ -37,8 +38,13 @@ def turn(number: int, question: str, answer: str, *calls: ToolCallRecord) -> Tur
     return Turn(number=number, created_at=NOW, record=record)
 
 
-def call(name: str, ok: bool, **arguments: object) -> ToolCallRecord:
-    return ToolCallRecord(name=name, arguments=dict(arguments), ok=ok, error=None, duration_ms=1.0)
+def call(name: str, ok: bool, kind: str, **arguments: object) -> ToolCallRecord:
+    """A stored call whose arguments name entities of ``kind`` (as the registry records)."""
+    ids = [i for v in arguments.values() for i in (v if isinstance(v, list) else [v])]
+    refs = tuple(EntityRefOut(kind=kind, id=str(i)) for i in ids)
+    return ToolCallRecord(
+        name=name, arguments=dict(arguments), ok=ok, error=None, duration_ms=1.0, entities=refs
+    )
 
 
 def test_every_turn_oldest_first_whatever_order_they_come_in() -> None:
@@ -54,15 +60,15 @@ def test_answers_lose_their_markers_and_only_successful_calls_give_ids() -> None
         1,
         "How busy is Harbor Warehouse?",
         "It is at 35% [^c-1].",
-        call("get_building", True, building_id="bld-northwind-harbor"),
-        call("get_building", False, building_id="bld-acme-tower"),  # not found as the caller
-        call("get_room_occupancy", True, room_ids=["room-harbor-dock-a"]),
+        call("get_building", True, "building", building_id="bld-northwind-harbor"),
+        call("get_building", False, "building", building_id="bld-acme-tower"),  # not found
+        call("get_room_occupancy", True, "room", room_ids=["room-harbor-dock-a"]),
     )
     assert prior_turns([stored]) == (
         PriorTurn(
             "How busy is Harbor Warehouse?",
             "It is at 35%.",
-            ("bld-northwind-harbor", "room-harbor-dock-a"),
+            (("building", "bld-northwind-harbor"), ("room", "room-harbor-dock-a")),
         ),
     )
 

@@ -14,11 +14,14 @@ from serve_app.runner import (
     LOCAL_LLM_APP,
     SERVE_QUIET_DEFAULTS,
     RunnerError,
+    RunState,
     deploy_config,
     ensure_ray_auth_token,
     local_model_allowlist,
+    local_world_name,
     ray_env,
     service_env,
+    start_simulators,
 )
 
 BIG = "qwen2.5-coder-1.5b-instruct"
@@ -34,6 +37,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         "LOCAL_LLM_MODEL_PATH",
         "ALLOWED_MODELS",
         "ANSWER_MODEL",
+        "LOCAL_WORLD_FILE",
     ):
         monkeypatch.delenv(variable, raising=False)
 
@@ -162,3 +166,65 @@ def test_simulators_started_before_a_failed_ray_start_stay_stoppable(
     with pytest.raises(RunnerError):
         runner.serve(settings, simulators=True, local_llm=False)
     assert runner.load_state(settings).simulator_pid == 424242
+
+
+def test_the_world_file_reaches_the_simulators_and_the_replicas_absolute(
+    settings_factory: MakeSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LOCAL_WORLD_FILE is relative to where ``serve`` runs; the simulators run in the
+    project and the replicas on the Ray node, so both get it absolute."""
+    import subprocess
+
+    import httpx
+
+    import serve_app.runner as runner
+
+    project = Path(runner.__file__).resolve().parent.parent
+    monkeypatch.chdir(project)
+    settings = settings_factory(local_world_file="local_world/worlds/second.yaml")
+    second = project / "local_world" / "worlds" / "second.yaml"
+    assert service_env(settings, local_llm=False)["LOCAL_WORLD_FILE"] == str(second)
+    assert "LOCAL_WORLD_FILE" not in service_env(settings_factory(), local_llm=False)
+    assert local_world_name(settings) == "second" and local_world_name(settings_factory()) == (
+        "sample"
+    )
+
+    commands: list[list[str]] = []
+
+    class Started:
+        pid = 4242
+
+        def __init__(self, command: list[str], **_: object) -> None:
+            commands.append(command)
+
+        def poll(self) -> None:
+            return None
+
+    answers = iter([httpx.ConnectError("down"), httpx.Response(401)])
+
+    def get(url: str, **_: object) -> httpx.Response:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    monkeypatch.setattr(httpx, "get", get)
+    settings.home.joinpath("run").mkdir(parents=True)
+    state = RunState()
+    start_simulators(settings, state)
+    assert state.simulator_pid == 4242
+    assert commands[0][-2:] == ["--world", str(second)]
+
+
+def test_a_bad_world_file_stops_serve_naming_the_file_and_field(
+    settings_factory: MakeSettings, tmp_path: Path
+) -> None:
+    bad = tmp_path / "world.yaml"
+    bad.write_text("name: broken\nseed: many\n", encoding="utf-8")
+    with pytest.raises(RunnerError) as caught:
+        start_simulators(settings_factory(local_world_file=bad), RunState())
+    message = str(caught.value)
+    assert message.startswith(f"LOCAL_WORLD_FILE: {bad}: not a valid local world")
+    assert "seed: Input should be a valid integer" in message
+    assert "installations: Field required" in message

@@ -38,9 +38,9 @@ from serve_app.authz import CedarAuthorizer
 from serve_app.ui import SECURITY_HEADERS, STATIC_DIR
 from serve_app.ui.dev_users import (
     DEV_TOKEN_TTL_SECONDS,
-    DEV_USERS,
     dev_sign_in_enabled,
     dev_user,
+    dev_users,
 )
 
 # Python 3.11 does not know .mjs; a module script must be served as JavaScript.
@@ -134,16 +134,16 @@ def _from_this_machine(request: Request) -> None:
 
 def _add_dev_routes(router: APIRouter) -> None:
     @router.get(f"{UI_PATH}/dev/users", dependencies=[Depends(_from_this_machine)])
-    async def dev_users() -> JSONResponse:
+    async def list_dev_users(settings: SettingsDep) -> JSONResponse:
         users = [
             {"id": u.id, "label": u.label, "roles": list(u.roles), "domains": list(u.domains)}
-            for u in DEV_USERS
+            for u in dev_users(settings)
         ]
         return JSONResponse({"users": users}, headers={"cache-control": "no-store"})
 
     @router.post(f"{UI_PATH}/dev/sign-in", dependencies=[Depends(_from_this_machine)])
     async def dev_sign_in(body: DevSignIn, settings: SettingsDep) -> JSONResponse:
-        chosen = dev_user(body.user)
+        chosen = dev_user(body.user, dev_users(settings))
         if chosen is None:
             raise ApiError(404, "no such development user", code="not_found")
         secret = secret_value(settings.eval_jwt_secret)

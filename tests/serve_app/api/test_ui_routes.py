@@ -15,6 +15,7 @@ from api_helpers import ADMIN, NORTHWIND_STAFF, SECRET
 
 from foundation.roles import ROLE_WEIGHTS
 from local_world.world import build_world
+from local_world.world_file import WORLDS_DIR
 from serve_app.auth import EVAL_TOKEN_COOKIE, verify_eval_token
 from serve_app.ui import CONTENT_SECURITY_POLICY, STATIC_DIR
 from serve_app.ui.dev_users import DEV_USERS
@@ -187,6 +188,27 @@ async def test_without_a_secret_dev_sign_in_hands_back_the_claims(
     }
     session = await client.get("/ui/session", headers={"x-gateway-claims": signed["claims"]})
     assert session.json()["user"]["sub"] == "carla"
+
+
+async def test_dev_users_are_the_users_of_the_world_served(
+    fake_app: App, asgi_client: Client
+) -> None:
+    second = WORLDS_DIR / "second.yaml"
+    app, _ = fake_app(eval_jwt_secret=None, require_auth=False, local_world_file=second)
+    client = asgi_client(app)
+    users = (await client.get("/ui/dev/users")).json()["users"]
+    assert [u["id"] for u in users] == ["ines", "tomas", "mei", "ravi", "ops"]
+    domains = {d.id for d in build_world(path=second).domains} | {"crowdvision-ops"}
+    assert {d for u in users for d in u["domains"]} == domains
+    assert {r for u in users for r in u["roles"]} == set(ROLE_WEIGHTS)  # every role is shown
+    signed = (await client.post("/ui/dev/sign-in", json={"user": "ravi"})).json()
+    payload = json.loads(base64.b64decode(signed["claims"]))
+    assert payload["memberships"] == [
+        {"domain": "aurelia-health", "role": "standard_customer"},
+        {"domain": "tidewater.edu", "role": "standard_customer"},
+    ]
+    # the sample's users are not the second world's
+    assert (await client.post("/ui/dev/sign-in", json={"user": "nina"})).status_code == 404
 
 
 def test_dev_users_live_in_the_local_world() -> None:
