@@ -8,7 +8,7 @@ or cite every result shown; an error-code answer quoting the error-code page the
 API page listed before it. The measure is lexical and deliberately conservative:
 
 * a claim's words are its content words the question does not already contain (what the
-  answer adds: "CV-E1013 means ..." is judged on what follows "means", not on "CV-E1013");
+  answer adds: "AB-E2011 means ..." is judged on what follows "means", not on "AB-E2011");
 * a chunk's support is the share of those words its heading and text contain;
 * a marker stays when its chunk's support is at least ``KEEP_RATIO`` of the best chunk's;
 * the best chunk is cited first when it holds at least ``MARGIN`` more of the words than

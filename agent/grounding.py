@@ -26,7 +26,7 @@ signs to ``-``):
 * **versions**: ``version 1.0``, ``firmware 2.3.1`` must appear as that string.
 * **ids**: entity ids (opaque, so by shape: lower-case words joined by two or more hyphens, or
   with a digit, no part a word of prose) and upper-case codes and keys (``E-1033``,
-  ``SP-25``, ``STALE_AFTER_SECONDS``), matched as whole tokens,
+  ``PL-10``, ``STALE_AFTER_SECONDS``), matched as whole tokens,
   case-insensitively. Their digits are never read as numbers; nor are those of words such as
   ``CO2`` or ``v1``.
 * **room designators**: ``Dock C``, ``Ward 12B``, ``12A`` (any capitalised noun and a

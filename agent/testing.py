@@ -9,7 +9,7 @@ nothing left; ``FunctionModel`` computes each reply from the request. Both recor
 
     model = ScriptedModel(
         tool_calls_reply(tool_call("list_buildings", {"name": "Harbor"})),
-        text_reply("Harbor Warehouse has 4 rooms."),
+        text_reply("Riverside Depot has 4 rooms."),
     )
     agent = Agent(llm=model, tools=my_tools)
     answer = await agent.answer("How many rooms does Harbor have?", user)

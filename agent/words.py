@@ -8,7 +8,7 @@ import re
 
 __all__ = ["content_words", "doc_tokens"]
 
-# Error codes and rule/plan names (CV-E1033, NW-HARBOR-CAP-3, SP-25) and setting names.
+# Error codes and rule/plan names (AB-E2044, RS-DEPOT-7, PL-10) and setting names.
 _DOC_TOKEN = re.compile(r"\b(?:[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)\b")
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(

@@ -49,7 +49,7 @@ from evals.retrieval_labels import (
     SectionKey,
     sample_doc_roots,
 )
-from foundation.acl import is_visible
+from foundation.acl import AclError, is_visible
 
 DEFAULT_FOLLOWUPS_DATASET = Path("evals/datasets/followups.yaml")
 TEST_FOLLOWUPS_DATASET = Path("evals/datasets/test-followups.yaml")
@@ -78,6 +78,10 @@ class _FileModel(StrictModel):
     docs: NonEmpty
     split: Split | None = None  # the side of every conversation of the file (none: test)
     world: Annotated[str, StringConstraints(pattern=WORLD_PATTERN.pattern)] = DEFAULT_WORLD
+    # The ``DOC_ROOTS`` the conversations are served with (``DIR=ACL`` entries relative to the
+    # repository), when not the default: the folders a label's page must be under, and the
+    # default ACL of its pages (e.g. the second corpus's guides/ and reference/).
+    doc_roots: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
     callers: Annotated[dict[NonEmpty, CallerModel], Field(min_length=1)]
     conversations: Annotated[list[_ConversationModel], Field(min_length=1)]
 
@@ -200,7 +204,15 @@ def load_followups(path: Path | str, *, repo_root: Path | None = None) -> Follow
             [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         ) from None
     root = repo_root or path.resolve().parent.parent.parent
-    corpus = DocCorpus(root / model.docs, sample_doc_roots(root))
+    try:
+        roots = (
+            sample_doc_roots(root)
+            if model.doc_roots is None
+            else sample_doc_roots(root, model.doc_roots)
+        )
+    except AclError as exc:
+        raise DatasetError([f"{path}: doc_roots: {exc}"]) from None
+    corpus = DocCorpus(root / model.docs, roots)
     callers = {
         name: Caller(name, tuple(c.roles), tuple(c.domains)) for name, c in model.callers.items()
     }

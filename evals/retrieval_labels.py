@@ -71,11 +71,13 @@ class Page:
         return [s for s in self.sections if s.endswith(SEPARATOR + heading)]
 
 
-def sample_doc_roots(repo_root: Path) -> list[tuple[Path, list[str]]]:
-    """The default ``DOC_ROOTS`` under ``repo_root``: the folders and default ACLs that
-    ``agent-service ingest`` loads by default, and that the labels assume."""
+def sample_doc_roots(
+    repo_root: Path, entries: Sequence[str] = DEFAULT_DOC_ROOTS
+) -> list[tuple[Path, list[str]]]:
+    """``DOC_ROOTS`` entries (``DIR=ACL``, default: the default ``DOC_ROOTS``, the folders and
+    default ACLs that ``agent-service ingest`` loads by default) under ``repo_root``."""
     roots: list[tuple[Path, list[str]]] = []
-    for entry in DEFAULT_DOC_ROOTS:
+    for entry in entries:
         folder, _, acl = entry.partition("=")
         roots.append((repo_root / folder, parse_acl(acl.split())))
     return roots

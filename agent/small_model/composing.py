@@ -2,7 +2,7 @@
 
 For a small local model the slowest and least reliable part of a live-data answer is turning
 JSON into a sentence: on 2 cores it costs 15-40 s, and the 1.5B misreads nulls and statuses
-("The Quiet Room has 6 people" from a null occupancy and a capacity of 6, "0.00 ppm" from a
+("The Annex Room has 6 people" from a null occupancy and a capacity of 6, "0.00 ppm" from a
 room without a CO2 sensor). Where the planner (``agent.small_model.planning``) has already
 run the one
 measurement the question clearly asks for, or a step it ran says the building or room does
@@ -164,7 +164,7 @@ def compose_live(
 
 def _without_names(question: str, steps: Sequence[ToolOutcome]) -> str:
     """``question`` without the room and building names the results hold (a room typed by id
-    may also be named: "Loading Dock B (room room-harbor-dock-b)")."""
+    may also be named: "Bay Hall B (room rm-riverside-bay-b)")."""
     names = set(room_names(steps).values())
     for step in steps:
         names |= {name for name in _names_shown(step) if name}

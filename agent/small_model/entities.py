@@ -8,7 +8,7 @@ user), and a mode with constrained decoding limits every id argument to them
 (``ChatRequest.choices``). The set is bounded by what this request's tools returned, never
 the caller's whole estate.
 
-Names are matched here too (``match_names``): the service resolves "Harbor Warehouse" to its
+Names are matched here too (``match_names``): the service resolves "Riverside Depot" to its
 building id through ``list_buildings`` as the caller, so an unknown and a forbidden building
 look the same (neither is in the caller's list).
 """
@@ -44,7 +44,7 @@ ENTITY_KEYS: Mapping[str, str] = {
 }
 
 # An id as a person types one: lowercase words joined by at least two hyphens, or with a
-# digit ("bld-acme-tower", "room-12", "bld-mars-base-7"). Plain hyphenated words
+# digit ("b-river-depot", "room-12", "site-mars-base-7"). Plain hyphenated words
 # ("door-counter", "sensor-health") are not ids.
 _ID_IN_TEXT = re.compile(r"(?<![\w-])([a-z][a-z0-9_]*(?:-[a-z0-9_]+){2,}|[a-z][a-z0-9_]*-\d[\w-]*)")
 
@@ -126,14 +126,14 @@ def _normalize(text: str) -> str:
 
 def match_names(question: str, entities: Iterable[NamedEntity]) -> list[NamedEntity]:
     """The entities whose full name the question mentions (case, punctuation and a
-    possessive folded), longest name first, so "Loading Dock B" wins over "Loading Dock"."""
+    possessive folded), longest name first, so "Bay Hall B" wins over "Bay Hall"."""
     padded = f" {_normalize(question)} "
     found = [e for e in entities if e.name.strip() and f" {_normalize(e.name)} " in padded]
     taken: list[NamedEntity] = []
     for entity in sorted(found, key=lambda e: -len(e.name)):
         name = f" {_normalize(entity.name)} "
         if not any(name in f" {_normalize(longer.name)} " for longer in taken):
-            taken.append(entity)  # "Loading Dock" inside "Loading Dock B" is not a mention
+            taken.append(entity)  # "Bay Hall" inside "Bay Hall B" is not a mention
     return taken
 
 

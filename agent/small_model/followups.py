@@ -1,6 +1,6 @@
 """Follow-up questions as standalone search queries (issue 17, item 3).
 
-"How do I fix it?" after "What does CV-E1033 mean?" searches for nothing useful as typed, and
+"How do I fix it?" after "What does AB-E2044 mean?" searches for nothing useful as typed, and
 "and which of its rooms has a CO2 sensor?" names no building to ground. Before the service
 searches the documentation and resolves building and room names (``agent.small_model.planning``), a
 ``QueryRewriter`` turns the question into a standalone one from the conversation's earlier
@@ -11,11 +11,11 @@ model still gets the user's question as typed, with the history (``Agent.answer`
 
 * **Standalone questions are left alone**: a question that names its own building, room id,
   error code or setting key, or that neither refers back ("it", "its", "that error",
-  "there") nor trails off ("and humidity?", "what about Acme Labs?"), is searched as typed.
+  "there") nor trails off ("and humidity?", "what about Maple Court?"), is searched as typed.
 * **Co-reference**: a question that refers back gets its first referring expression replaced
   by what the most recent earlier turn was about ("how do I fix it?" -> "how do I fix
-  CV-E1033?", "its rooms" -> "Harbor Warehouse's rooms", "there" -> "in Harbor Warehouse").
-* **Ellipsis**: a fragment ("what about Acme Labs?", "and the other building?", "and
+  AB-E2044?", "its rooms" -> "Riverside Depot's rooms", "there" -> "in Riverside Depot").
+* **Ellipsis**: a fragment ("what about Maple Court?", "and the other building?", "and
   humidity?") takes the previous question's predicate: the previous (standalone) question
   with its entity or sensor type swapped for the fragment's, or, with nothing to swap, the
   fragment followed by what the previous turn was about.
@@ -79,7 +79,7 @@ _REFERRING = re.compile(
     r"|\b(?P<end>there)\s*[?.!]*\s*$",
     re.IGNORECASE,
 )
-# "and humidity?", "what about Acme Labs?", "how about the other building?": a fragment.
+# "and humidity?", "what about Maple Court?", "how about the other building?": a fragment.
 _ELLIPSIS = re.compile(
     r"^\s*(?:(?:and|or|but|also|so|ok(?:ay)?)[,\s]+)?(?:what|how)\s+about\b[,\s]*"
     r"|^\s*(?:and|or|also|same\s+for)\b"
@@ -296,7 +296,7 @@ class DeterministicRewriter:
         if swapped is not None:
             return Rewrite(question, swapped, "ellipsis", about.carried if about else ())
         if own and other is None:
-            # "what about Acme Labs?" with nothing of its kind to swap: the previous question
+            # "what about Maple Court?" with nothing of its kind to swap: the previous question
             # about this entity instead.
             query = f"{previous.rstrip('?.! ')} {fragment}?"
             return Rewrite(question, query, "ellipsis", ())
@@ -310,7 +310,7 @@ class DeterministicRewriter:
 
 
 def _without_ids(text: str) -> str:
-    """``text`` without its ids: "room-acme-labs-server" does not name Acme Labs."""
+    """``text`` without its ids: "rm-maple-court-server" does not name Maple Court."""
     for entity_id in ids_in_text(text):
         text = text.replace(entity_id, " ")
     return text

@@ -91,10 +91,10 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 # A question naming a building is also about a page that names it (``_page_about``) when it
 # asks at least PAGE_MIN_WORDS content words besides the name and a live reading, and the
-# page covers PAGE_COVERAGE of them. Golden set and make run's example, 2026-12-04
-# (``agent-service bench router``): the Harbor rules paraphrase asks 14 such words, its page
-# covers 0.43 of them; "How busy is Harbor Warehouse right now?" asks none, "How
-# full is the Harbor Warehouse at the moment?" one. The bench is the check when either grows.
+# page covers PAGE_COVERAGE of them. Fitted on the golden set before its dev/test split
+# (2026-12-04, ``agent-service bench router``, now on dev): a paraphrase of a site's rules
+# page asks 14 such words and its page covers 0.43 of them; "How busy is <building> right
+# now?" asks none, "How full is <building> at the moment?" one. Refit on dev only.
 PAGE_MIN_WORDS = 3
 PAGE_COVERAGE = 0.25
 
@@ -191,7 +191,7 @@ def _reminder(question: str, decision: RouteDecision, searched: str | None = Non
 
 def _names(hit: SearchHit, token: str) -> bool:
     """Whether the chunk's text or its section heading holds ``token`` (an error code's
-    reference entry names it in its heading only: "CV-E1014 – No readings yet")."""
+    reference entry names it in its heading only: "AB-E2012 – No data yet")."""
     token = token.casefold()
     return token in hit.text.casefold() or token in hit.section.casefold()
 
@@ -206,7 +206,7 @@ def _defining_first(hits: Sequence[SearchHit], tokens: Sequence[str]) -> tuple[S
 def _page_about(reading: QuestionReading, hits: Sequence[SearchHit]) -> bool:
     """A chunk close to the question names one of its buildings and covers what the question
     asks besides the name and a live reading ("the forklift-shift limit of Dock Hall B at
-    Harbor" and Harbor's rules page), not merely the name ("how busy is Harbor Warehouse
+    Harbor" and Harbor's rules page), not merely the name ("how busy is Riverside Depot
     right now" against the page's "ask ... the capacity of Dock Hall B right now")."""
     words = reading.asks_beyond_names
     if len(words) < PAGE_MIN_WORDS:

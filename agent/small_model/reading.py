@@ -9,7 +9,7 @@ ids it types, whether it asks for the caller's buildings, and whether it uses th
 or the live readings' vocabulary. Two readings need what the tools return first, and are
 methods: the rooms it names (``rooms_named``: matched against the grounded buildings'
 rooms) and what it asks of them (``intent``: read with every name and id it mentions taken
-out, so "the Cold Store" says nothing about temperature).
+out, so "the Humidity Lab" says nothing about humidity).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ __all__ = ["QuestionReading", "without"]
 
 
 def without(question: str, mentions: Sequence[str]) -> str:
-    """The question without the names and ids it mentions: "the Cold Store" or
-    "room-harbor-cold-store" says nothing about temperature."""
+    """The question without the names and ids it mentions: "the Humidity Lab" or
+    "lab-humidity-east" says nothing about humidity."""
     for mention in sorted(mentions, key=len, reverse=True):
         if mention.strip():
             question = re.sub(re.escape(mention), " ", question, flags=re.IGNORECASE)

@@ -1,6 +1,6 @@
 """Answers quoted from a reference entry: a question about one documented key or code.
 
-"What is the default of SENSOR_STALE_AFTER_SECONDS?", "How do I fix CV-E1022?": the
+"What is the default of READING_TIMEOUT_SECONDS?", "How do I fix AB-E2030?": the
 configuration reference and the error-code list give each key and code an entry of its own,
 headed by its name, and that entry is the whole answer. The local 1.5B model spent ~10 s on
 2 cores paraphrasing it (~340 prompt tokens of results, ~60 generated), and sometimes cut it
@@ -39,7 +39,7 @@ _SECTION_SEPARATOR = " > "
 
 
 def _names_entry(heading: str, token: str) -> bool:
-    """Whether ``heading`` names ``token`` as a whole word ("CV-E1014 – No readings yet")."""
+    """Whether ``heading`` names ``token`` as a whole word ("AB-E2012 – No data yet")."""
     return re.search(rf"(?<![\w-]){re.escape(token)}(?![\w-])", heading) is not None
 
 

@@ -9,8 +9,8 @@ which context the service fetched up front.
 
 The rules, and why:
 
-* A question that names a documented token (an error code such as ``CV-E1033``, a setting
-  such as ``SENSOR_STALE_AFTER_SECONDS``) that the retrieved text contains is documentation
+* A question that names a documented token (an error code such as ``AB-E2044``, a setting
+  such as ``READING_TIMEOUT_SECONDS``) that the retrieved text contains is documentation
   and is never declined as off-topic: small models decline such questions as "not about
   buildings".
 * A question that names such a token the caller's search does not find is documentation
@@ -171,7 +171,7 @@ def route(signals: RouteSignals) -> RouteDecision:
     if signals.entities:
         if strong_docs or signals.doc_tokens:
             # Even a token the caller's search does not find: the question asks about a
-            # document ("rule set NW-HARBOR-CAP-3"), and an empty result says so.
+            # document ("rule set RS-DEPOT-7"), and an empty result says so.
             return RouteDecision("both", False, "entities and a documented token")
         if signals.doc_names_entity:
             return RouteDecision("both", False, "entities, and a close chunk that names them")

@@ -237,9 +237,9 @@ class ListBuildings(Tool[ListBuildingsArgs, ListBuildingsResult]):
     )
     examples = (
         ToolExample(
-            "How busy is Harbor Warehouse right now?",
+            "How busy is Riverside Depot right now?",
             "resolve the building name first",
-            {"name": "Harbor Warehouse"},
+            {"name": "Riverside Depot"},
         ),
     )
     prompt_order = 10
