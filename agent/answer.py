@@ -17,6 +17,7 @@ __all__ = [
     "AgentAnswer",
     "AgentError",
     "AgentEvent",
+    "AnsweredBy",
     "CitationEvent",
     "CitationOut",
     "CostOut",
@@ -35,6 +36,22 @@ __all__ = [
 Decision = Literal[
     "answered", "idk", "declined_out_of_scope", "tool_loop_exhausted", "provider_error"
 ]
+
+
+# Who wrote an answer's text (``AgentAnswer.answered_by``; docs/agent-loop.md says exactly when).
+AnsweredBy = Literal["model", "service"]
+
+ANSWERED_BY_DESCRIPTION = (
+    "Who wrote `answer`. `model`: the answering model's own reply, after the service's "
+    "checks (invented citation markers stripped, markers moved to the chunk that supports "
+    "their claim, figures grounded, or the reply of the one repair call); an IDK or a decline "
+    "the model chose is the model's too, also where the service spells it as its fixed "
+    "sentence (a json_schema `idk` or `decline` step). `service`: no model reply is the "
+    "answer: the service composed it from its own tool results without calling the model "
+    "(live data, a quoted reference entry, a greeting, a not-found, a routed IDK), or put its "
+    "own text in place of the model's reply (the IDK answer for an ungrounded or empty reply "
+    "or an exhausted tool loop or cap, the provider-error message)."
+)
 
 
 class RetrievalOut(BaseModel):
@@ -62,6 +79,7 @@ class AgentAnswer(BaseModel):
     cost: CostOut = Field(default_factory=CostOut)
     idk: bool = False
     decision: Decision
+    answered_by: AnsweredBy = Field(description=ANSWERED_BY_DESCRIPTION)
     retrieval: RetrievalOut = Field(default_factory=RetrievalOut)
     model: str
     trace_id: str | None = None

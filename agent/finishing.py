@@ -54,7 +54,9 @@ class Finisher:
         idk = is_idk(text)
         citations = [citation_out(c) for c in cited.citations]
         decision: Decision = "idk" if idk else "answered"
-        done = DoneEvent(response=run.response(text, decision, idk=idk, citations=citations))
+        done = DoneEvent(
+            response=run.response(text, decision, by="service", idk=idk, citations=citations)
+        )
         if not streaming:
             return [done]
         return [TokenEvent(text=text), *(CitationEvent(citation=c) for c in citations), done]
@@ -83,7 +85,7 @@ class Finisher:
             if streaming:
                 yield TokenEvent(text=IDK_MARKER)
             run.notes.append("the model returned an empty answer")
-            yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
+            yield DoneEvent(response=run.response(IDK_MARKER, "idk", by="service", idk=True))
             return
         checked = extract_citations(result.text or "", run.retrieved())
         answer = checked.answer.strip()
@@ -94,8 +96,8 @@ class Finisher:
         decision: Decision = "idk" if is_idk(answer) else "answered"
         if decision == "answered":
             grounded = await self._grounded(run, checked, request, trace, hop)
-            if grounded is None:
-                yield DoneEvent(response=run.response(IDK_MARKER, "idk", idk=True))
+            if grounded is None:  # the service's IDK answer in place of the model's
+                yield DoneEvent(response=run.response(IDK_MARKER, "idk", by="service", idk=True))
                 return
             answer = grounded.answer.strip()
             citations = [citation_out(c) for c in grounded.citations]
@@ -107,6 +109,7 @@ class Finisher:
             response=run.response(
                 answer,
                 decision,
+                by="model",
                 idk=decision == "idk",
                 citations=citations,
                 hallucinated=checked.hallucinated,

@@ -277,7 +277,9 @@ class Agent:
 
         if streaming:
             yield TokenEvent(text=IDK_MARKER)
-        yield DoneEvent(response=run.response(IDK_MARKER, "tool_loop_exhausted", idk=True))
+        yield DoneEvent(
+            response=run.response(IDK_MARKER, "tool_loop_exhausted", by="service", idk=True)
+        )
 
     def _limit_reached(self, run: Run, hop: int, calls: Sequence[ToolCall]) -> str | None:
         """Why the run may not go on with ``calls`` (the hop, tool-call or token cap), or

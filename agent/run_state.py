@@ -10,6 +10,7 @@ from typing import Literal
 from agent.answer import (
     AgentAnswer,
     AgentError,
+    AnsweredBy,
     CitationOut,
     CostOut,
     Decision,
@@ -101,7 +102,8 @@ class Run:
             self.notes.append(f"declined after {len(self.traces)} tool call(s)")
         if result.reason:
             self.notes.append(f"model reason: {result.reason[:200]}")
-        return self.response(text, "declined_out_of_scope")
+        # The model's decline, whether it wrote it (native) or the service spells it.
+        return self.response(text, "declined_out_of_scope", by="model")
 
     def provider_error(self, error: LLMError) -> DoneEvent:
         code: Literal["provider_unavailable", "provider_rejected", "malformed_reply"]
@@ -111,7 +113,7 @@ class Run:
             code, text = "provider_rejected", PROVIDER_REJECTED_TEXT
         else:
             code, text = "provider_unavailable", PROVIDER_UNAVAILABLE_TEXT
-        response = self.response(text, "provider_error")
+        response = self.response(text, "provider_error", by="service")
         response.error = AgentError(code=code, message=str(error), status_code=error.status_code)
         return DoneEvent(response=response)
 
@@ -120,6 +122,7 @@ class Run:
         text: str,
         decision: Decision,
         *,
+        by: AnsweredBy,
         idk: bool = False,
         citations: list[CitationOut] | None = None,
         hallucinated: list[str] | None = None,
@@ -139,6 +142,7 @@ class Run:
             cost=CostOut(estimated_usd=cost["estimated_usd"], provider_usd=cost["provider_usd"]),
             idk=idk,
             decision=decision,
+            answered_by=by,
             retrieval=RetrievalOut(
                 hallucinated_citations=hallucinated or [],
                 chunks_seen=len(chunk_ids),

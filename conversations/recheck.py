@@ -11,8 +11,9 @@ and ``recheck`` applies one rule:
 * a citation whose chunk the reader cannot see now (hidden, or gone) is dropped, with its
   snippet;
 * the answer of a turn that cited such a chunk is withheld: replaced by ``WITHHELD_ANSWER``
-  and marked ``answer_withheld``, since the answer itself may quote the page. What the reader
-  wrote (the question) and the tool trace stay.
+  (written by the service: ``answered_by`` says so) and marked ``answer_withheld``, since the
+  answer itself may quote the page. What the reader wrote (the question) and the tool trace
+  stay.
 
 A hidden chunk and a deleted one are treated alike: telling them apart would say which pages
 exist that the reader may not see. Nothing is changed in the store: a reader whose access
@@ -50,7 +51,9 @@ def recheck(turns: Iterable[Turn], visible: Collection[str]) -> list[Turn]:
         out.append(
             replace(
                 turn,
-                record=replace(record, answer=WITHHELD_ANSWER, citations=kept),
+                record=replace(
+                    record, answer=WITHHELD_ANSWER, citations=kept, answered_by="service"
+                ),
                 answer_withheld=True,
             )
         )

@@ -70,6 +70,9 @@ class TurnRecord:
     tool_calls: tuple[ToolCallTrace, ...] = ()
     usage: UsageOut = field(default_factory=UsageOut)
     cost: CostOut = field(default_factory=CostOut)
+    # Who wrote the answer: "model" or "service" (the agent's ``answered_by``); None for a
+    # turn stored before it was recorded (migration 0005).
+    answered_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ def title_of(question: str) -> str:
 CONVERSATION_COLUMNS = "id, owner_sub, title, turn_count, created_at, updated_at"
 TURN_COLUMNS = (
     "turn, question, answer, decision, idk, citations, tool_calls, usage, cost, model, "
-    "trace_id, created_at"
+    "trace_id, answered_by, created_at"
 )
 PRUNE_BATCH = 1000
 # One batch of a prune, in a transaction of its own. No index leads with updated_at (the one
@@ -185,7 +188,7 @@ DELETE FROM conversations c USING doomed d WHERE c.id = d.id RETURNING c.turn_co
 """
 INSERT_TURN_SQL = f"""
 INSERT INTO conversation_turns (conversation_id, {TURN_COLUMNS})
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11, $12, $13)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11, $12, $13, $14)
 RETURNING created_at
 """
 
@@ -234,6 +237,7 @@ def _turn(row: asyncpg.Record) -> Turn:
             tool_calls=tool_calls,
             usage=UsageOut.model_validate(json.loads(row["usage"])),
             cost=CostOut.model_validate(json.loads(row["cost"])),
+            answered_by=row["answered_by"],
         ),
     )
 
@@ -252,6 +256,7 @@ def _turn_args(conversation_id: uuid.UUID, number: int, record: TurnRecord) -> S
         _json(record.cost.model_dump(mode="json")),
         _clean(record.model),
         None if record.trace_id is None else _clean(record.trace_id),
+        record.answered_by,
         # created_at: the transaction's time, as the conversation's updated_at
     )
 

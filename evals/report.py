@@ -8,8 +8,9 @@ property, or a ``failure`` under ``--strict``.
 
 The pass rate everywhere is fully passed rows (PASS + XPASS) over all rows; the Markdown
 report says so, and breaks it down per split and world, and per route (the kind of row, from
-its tags). Its header says which split ran (dev, test: the run of record, or all), from which
-files, and how many rows.
+its tags), and gives the rows the model wrote apart from those the service wrote
+(``answered_by``), per route. Its header says which split ran (dev, test: the run of record,
+or all), from which files, and how many rows.
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ def markdown_report(run: EvalRun, *, strict: bool | None = None) -> str:
         + _totals(run)
         + _splits(run)
         + _routes(run)
+        + _authors(run)
         + _router(run)
         + _rows(run)
     )
@@ -362,6 +364,71 @@ def _routes(run: EvalRun) -> list[str]:
     return [*lines, ""]
 
 
+AUTHORS = ("model", "service")  # AgentAnswer.answered_by
+
+
+def _author_cells(run: EvalRun, rows: Sequence[RowResult]) -> str:
+    """Rows, fully passed and pass rate of the model-written rows, then the service-written
+    rows, then how many have no answer to attribute."""
+    cells: list[str] = []
+    for author in AUTHORS:
+        part = _part(run, [r for r in rows if r.answered_by == author])
+        rate = fmt_rate(part.pass_rate) if part.total else "-"
+        cells += [str(part.total), str(part.fully_passed), rate]
+    cells.append(str(sum(r.answered_by not in AUTHORS for r in rows)))
+    return " | ".join(cells)
+
+
+def _authors(run: EvalRun) -> list[str]:
+    """The rows the model wrote and the rows the service wrote, apart: their pass rates in
+    all and per route (the kind of row, as in Per route), per route the service's planner
+    took, and their latency."""
+    if not any(r.answered_by in AUTHORS for r in run.results):
+        return []
+    header = (
+        "| model-written | passed | pass rate | service-written | passed | pass rate | no answer |"
+    )
+    rule = "---:|" * 7
+    lines = [
+        "## Who wrote the answer",
+        "",
+        "Each row by its answer's `answered_by`: `model` (the model's own reply, after the "
+        "service's checks; an IDK or decline the model chose included) or `service` (written "
+        "by the service without the model, from its own tool results, or its own text in "
+        "place of the model's reply: see docs/agent-loop.md). Pass rate = fully passed / that "
+        "group's rows; no answer: ERROR rows without a response.",
+        "",
+        "| route " + header,
+        "|---|" + rule,
+    ]
+    groups: dict[str, Sequence[RowResult]] = {"all rows": run.results}
+    groups.update(route_groups(run.results))
+    lines += [f"| {route} | {_author_cells(run, rows)} |" for route, rows in groups.items()]
+    lines.append("")
+    taken = [(service_route(r), r) for r in run.results]
+    if any(route for route, _ in taken):
+        lines += [
+            "By the route the service's planner took (its `route:` note; `-`: no plan):",
+            "",
+            "| planner route " + header,
+            "|---|" + rule,
+        ]
+        for planned in (*SERVICE_ROUTES, None):
+            rows = [r for route, r in taken if route == planned]
+            if rows:
+                lines.append(f"| {planned or '-'} | {_author_cells(run, rows)} |")
+        lines.append("")
+    for author in AUTHORS:
+        part = _part(run, [r for r in run.results if r.answered_by == author])
+        if part.total:
+            lines.append(
+                f"- {author}-written rows: latency p50 {fmt_ms(part.p50_ms)}, "
+                f"p95 {fmt_ms(part.p95_ms)}; tokens {part.input_tokens:,}/"
+                f"{part.output_tokens:,}"
+            )
+    return [*lines, ""]
+
+
 SERVICE_ROUTES = ("greeting", "documentation", "live_data", "both", "open")
 _ROUTE_NOTE = re.compile(r"^route: (\w+)")
 
@@ -458,6 +525,7 @@ def _row_details(r: RowResult) -> list[str]:
     lines += [
         "",
         f"Answer ({r.decision or 'no decision'}, {r.model or 'unknown model'}"
+        + (f", written by the {r.answered_by}" if r.answered_by else "")
         + (f", trace {r.trace_id}" if r.trace_id else "")
         + "):",
         "",
@@ -518,6 +586,16 @@ def print_summary(run: EvalRun, console: Console, *, strict: bool | None = None)
         f"p50 {fmt_ms(run.p50_ms)}, p95 {fmt_ms(run.p95_ms)}; "
         f"tokens {run.input_tokens:,}/{run.output_tokens:,}; cost {fmt_usd(run.cost_usd)}"
     )
+    authored = [_part(run, [r for r in run.results if r.answered_by == a]) for a in AUTHORS]
+    if any(part.total for part in authored):
+        console.print(
+            "written by "
+            + "; by ".join(
+                f"the {author}: {part.fully_passed}/{part.total} fully passed"
+                + (f" ({fmt_rate(part.pass_rate)})" if part.total else "")
+                for author, part in zip(AUTHORS, authored, strict=True)
+            )
+        )
     if run.judge is not None:
         console.print(
             f"judge {run.judge.model}: {run.judge.calls} calls, "

@@ -93,6 +93,8 @@ class RowResult:
     answer: str | None = None
     decision: str | None = None
     model: str | None = None
+    # Who wrote the answer: "model" or "service" (``AgentAnswer.answered_by``); None: no answer.
+    answered_by: str | None = None
     trace_id: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
@@ -271,6 +273,38 @@ def _row_cost(answer: AgentAnswer) -> float | None:
     return answer.cost.estimated_usd
 
 
+# The notes the service writes when its own text is the answer (``agent.finishing``): how a
+# body without ``answered_by`` says who wrote it.
+_SERVICE_NOTES = (
+    "answer composed by the service",
+    "answer replaced by IDK",
+    "the model returned an empty answer",
+)
+
+
+def legacy_answered_by(response: Mapping[str, Any]) -> str:
+    """Who wrote an ``/ask`` body that does not say (``answered_by``), from what
+    the body says of itself: ``service`` for a provider error, an exhausted tool loop, or a
+    note the service writes when its text is the answer (composed; the IDK answer in place of
+    an ungrounded or empty reply); else ``model``."""
+    if response.get("decision") in ("provider_error", "tool_loop_exhausted"):
+        return "service"
+    notes = response.get("notes") or []
+    for note in notes if isinstance(notes, list) else []:
+        if str(note).startswith(_SERVICE_NOTES):
+            return "service"
+    return "model"
+
+
+def parse_answer(response: Any) -> AgentAnswer:
+    """An ``/ask`` body (received, or saved in responses.jsonl) as an ``AgentAnswer``; a body
+    without ``answered_by`` (saved before it existed, or from an older service) gets it from
+    ``legacy_answered_by``."""
+    if isinstance(response, Mapping) and "answered_by" not in response:
+        response = {**response, "answered_by": legacy_answered_by(response)}
+    return AgentAnswer.model_validate(response)
+
+
 def row_status(assertions: Sequence[AssertionResult], xfail: XFail | None) -> Status:
     """A failure is proven by one failed check; a pass needs every check to have run."""
     if any(a.failed for a in assertions):
@@ -356,7 +390,7 @@ class _Runner:
         if resp.status_code == 401:
             raise _TokenRefused(_clip(resp.text))
         try:
-            answer = AgentAnswer.model_validate(resp.json())
+            answer = parse_answer(resp.json())
         except (ValueError, ValidationError):
             result.error = f"HTTP {resp.status_code}: {_clip(resp.text) or '(empty body)'}"
             return result
@@ -364,6 +398,7 @@ class _Runner:
         result.answer = answer.answer
         result.decision = answer.decision
         result.model = answer.model
+        result.answered_by = answer.answered_by
         result.trace_id = answer.trace_id
         result.input_tokens = answer.usage.input_tokens
         result.output_tokens = answer.usage.output_tokens
@@ -433,7 +468,7 @@ def rescore(dataset: Dataset, saved: EvalRun, source: str = "saved answers") -> 
             result.http_status = old.http_status if old is not None else None
             results.append(result)
             continue
-        answer = AgentAnswer.model_validate(old.response)
+        answer = parse_answer(old.response)
         verdicts = (
             {name: outcome_from_dict(v) for name, v in old.verdicts.items()}
             if old.verdicts
@@ -453,6 +488,7 @@ def rescore(dataset: Dataset, saved: EvalRun, source: str = "saved answers") -> 
             "cost_usd",
         ):
             setattr(result, key, getattr(old, key))
+        result.answered_by = answer.answered_by
         results.append(score_answer(result, case, answer, verdicts, saved.model))
     return dataclasses.replace(
         saved, results=results, rescored_from=source, **selection_of(dataset)
@@ -525,12 +561,13 @@ def read_responses(path: Path) -> EvalRun:
             verdicts=item.get("verdicts"),
         )
         if response is not None:
-            answer = AgentAnswer.model_validate(response)
+            answer = parse_answer(response)
             result.answer, result.decision, result.model = (
                 answer.answer,
                 answer.decision,
                 answer.model,
             )
+            result.answered_by = answer.answered_by
             result.trace_id = answer.trace_id
             result.input_tokens = answer.usage.input_tokens
             result.output_tokens = answer.usage.output_tokens

@@ -1,7 +1,7 @@
 """How ``agent-service ask`` shows a streamed answer: which model answers, a live line per
 tool (``-> get_building {"building_id": "b1"} ... ok 120 ms``), a waiting indicator while the
 model is queued or reading the prompt, the answer as it arrives, then its citations and the
-decision.
+decision and who wrote the answer (the model, or the service: ``answered_by``).
 
 Plain text that reads well in a log: the waiting indicator rewrites one line only on a
 terminal (elsewhere each heartbeat is a line of its own). Unknown events are skipped, so a
@@ -142,9 +142,19 @@ class StreamPrinter:
         self.out.flush()
 
 
+def written_by(result: dict[str, Any]) -> str | None:
+    """Who wrote the answer, as the summary says it (``answered_by``): "the model" or "the
+    service"; None when the server does not say (an older one)."""
+    by = result.get("answered_by")
+    return f"the {by}" if by in ("model", "service") else None
+
+
 def print_summary(result: dict[str, Any], out: TextIO, *, tools: bool) -> None:
-    """The decision, citations, (``tools``: the tool trace) and usage of one answer."""
-    print(f"\n[decision: {result.get('decision')}, model: {result.get('model')}]", file=out)
+    """The decision, who wrote the answer, citations, (``tools``: the tool trace) and usage
+    of one answer."""
+    author = written_by(result)
+    by = f", written by {author}" if author else ""
+    print(f"\n[decision: {result.get('decision')}, model: {result.get('model')}{by}]", file=out)
     for cite in result.get("citations", []):
         print(f"  [^{cite['chunk_id']}] {cite['source']} > {cite.get('section') or ''}", file=out)
     if tools:

@@ -228,6 +228,7 @@ def turn_record(question: str, answer: AgentAnswer) -> TurnRecord:
         tool_calls=tuple(answer.tool_calls),
         usage=answer.usage,
         cost=answer.cost,
+        answered_by=answer.answered_by,
     )
 
 

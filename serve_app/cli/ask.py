@@ -164,9 +164,10 @@ def add_parsers(sub: Any) -> None:
         description="POSTs to /ask with an x-gateway-claims header for --as USER or "
         "--sub/--roles/--domains (as the mesh would set it) and streams the answer: the "
         "answering model, a line per tool as it runs, a waiting indicator while the model "
-        "is queued, the answer text, then citations, the decision and the conversation and "
-        "turn it was stored as (--conversation ID asks a follow-up in it). --json prints the "
-        "response object instead.",
+        "is queued, the answer text, then citations, the decision, who wrote the answer (the "
+        "model or the service) and the conversation and turn it was stored as "
+        "(--conversation ID asks a follow-up in it). --json prints the response object "
+        "instead.",
     )
     ask.add_argument("question")
     add_caller_arguments(ask)

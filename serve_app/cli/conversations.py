@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from foundation.settings import Settings
+from serve_app.ask_output import written_by
 from serve_app.cli.ask import add_caller_arguments, api_base, caller_headers
 from serve_app.cli.common import EXIT_OK, CliError
 
@@ -76,8 +77,10 @@ def cmd_show(args: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         for cite in turn["citations"]:
             print(f"    [^{cite['chunk_id']}] {cite['source']} > {cite['section'] or ''}", file=out)
         tools = ", ".join(call["name"] for call in turn["tool_calls"])
+        author = written_by(turn)  # None for a turn stored before it was recorded
         print(
             f"    [decision: {turn['decision']}, model: {turn['model']}"
+            + (f", written by {author}" if author else "")
             + (f", tools: {tools}" if tools else "")
             + "]",
             file=out,

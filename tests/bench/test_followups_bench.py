@@ -120,6 +120,7 @@ def fake_service(asked: list[dict[str, Any]]) -> httpx.MockTransport:
         answer = AgentAnswer(
             answer="See the documentation." if found else "I don't know.",
             decision="answered" if found else "idk",
+            answered_by="model",
             idk=not found,
             model="fake/model",
             citations=[

@@ -193,6 +193,15 @@ async def test_delete_all_takes_every_one_of_the_owners_and_no_other(
     assert await store.delete_all("nina") == 0
 
 
+async def test_who_wrote_each_answer_is_kept_with_its_turn(store: ConversationStore) -> None:
+    conversation, _ = await store.start("nina", record(answered_by="service"))
+    await store.append("nina", conversation.id, record(answered_by="model"), max_turns=5)
+    await store.append("nina", conversation.id, record(), max_turns=5)  # not recorded
+    found = await store.read("nina", conversation.id)
+    assert found is not None
+    assert [t.record.answered_by for t in found[1]] == ["service", "model", None]
+
+
 def test_the_title_is_the_first_line_of_the_first_question_within_bounds() -> None:
     assert title_of("  How busy   is it?\nmore lines") == "How busy is it?"
     long = title_of("word " * 100)
@@ -322,6 +331,48 @@ async def test_text_postgres_cannot_hold_is_kept_as_a_replacement_character(
     assert stored.question == "what is \ufffd this?"
     assert stored.tool_calls[0].arguments == {"query": "a\ufffdb"}
     assert stored.tool_calls[0].error == "bad \ufffd"
+
+
+@pytest.mark.integration
+async def test_a_turn_stored_before_answered_by_reads_back_without_it(empty_db_url: str) -> None:
+    """Migration 0005 adds the column to a table that already holds turns: they stay
+    readable (``answered_by`` None, never guessed), and the column takes only the two
+    authors."""
+    from foundation.database import migrate
+
+    await asyncio.to_thread(migrate, empty_db_url, 384, "0004")
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        ident = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO conversations (id, owner_sub, title, turn_count) "
+            "VALUES ($1, 'nina', 'old', 1)",
+            ident,
+        )
+        await conn.execute(
+            "INSERT INTO conversation_turns (conversation_id, turn, question, answer, "
+            "decision, idk, model) VALUES ($1, 1, 'How busy?', 'Quiet.', 'answered', false, 'm')",
+            ident,
+        )
+        await asyncio.to_thread(migrate, empty_db_url, 384)
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(
+                "UPDATE conversation_turns SET answered_by = 'judge' WHERE conversation_id = $1",
+                ident,
+            )
+    finally:
+        await conn.close()
+    store = await PgConversationStore.connect(empty_db_url, max_size=1)
+    try:
+        found = await store.read("nina", ident)
+        assert found is not None
+        (old,) = found[1]
+        assert (old.record.answer, old.record.answered_by) == ("Quiet.", None)
+        await store.append("nina", ident, record(answered_by="model"), max_turns=5)
+        again = await store.read("nina", ident)
+        assert again is not None and [t.record.answered_by for t in again[1]] == [None, "model"]
+    finally:
+        await store.close()
 
 
 @pytest.mark.integration

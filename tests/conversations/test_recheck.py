@@ -5,6 +5,7 @@ changed in place (a reader whose access comes back sees the turn whole)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from conversations.recheck import WITHHELD_ANSWER, cited_chunk_ids, recheck
@@ -60,6 +61,15 @@ def test_a_hidden_citation_is_dropped_and_its_answer_withheld() -> None:
     assert (two, three) == (TURNS[1], TURNS[2])  # all visible, or nothing cited: as stored
     # nothing changed in place: with access back, the turn is whole again
     assert recheck(TURNS, visible={"aaa", "bbb"}) == TURNS
+
+
+def test_a_withheld_answer_is_the_services_note() -> None:
+    """Who wrote the answer shown: the note is the service's, whoever wrote the stored one."""
+    stored = [replace(t, record=replace(t.record, answered_by="model")) for t in TURNS]
+    one, two, _ = recheck(stored, visible={"bbb"})
+    assert (one.record.answer, one.record.answered_by) == (WITHHELD_ANSWER, "service")
+    assert two.record.answered_by == "model"  # shown as stored
+    assert recheck(stored, visible={"aaa", "bbb"}) == stored
 
 
 def test_nothing_visible_withholds_every_answer_that_cited_something() -> None:

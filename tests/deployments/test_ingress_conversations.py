@@ -33,7 +33,13 @@ NINA = {"x-gateway-claims": encode_claims("nina", [("northwind", "business_staff
 
 
 def _answer(text: str) -> AgentAnswer:
-    return AgentAnswer(answer=text, decision="answered", model="local/scripted", trace_id="t1")
+    return AgentAnswer(
+        answer=text,
+        decision="answered",
+        answered_by="model",
+        model="local/scripted",
+        trace_id="t1",
+    )
 
 
 class _Answer:

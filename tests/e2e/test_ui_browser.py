@@ -257,6 +257,9 @@ def test_an_answer_streams_with_its_tool_trace_and_a_citation_opens_its_snippet(
     assert turn.locator(".answer table td").count() == 2
     ui.expect(turn.locator(".usage")).to_contain_text("tokens")
     ui.expect(turn.locator(".usage")).to_contain_text("local/scripted")
+    # who wrote it: the model, by name, next to the answer
+    ui.expect(turn).to_have_attribute("data-answered-by", "model")
+    ui.expect(turn.locator(".author")).to_have_text("Written by local/scripted")
     # the footnote opens the cited section's snippet, from the response alone
     before = len(ui.requests)
     turn.locator("a.cite").first.click()
@@ -292,6 +295,7 @@ def test_a_provider_error_is_a_clear_state(stack: AgentStack, open_page: Any) ->
     ui.expect(turn).to_have_attribute("data-state", "error")
     ui.expect(turn.locator(".decision")).to_contain_text("Model provider error")
     ui.expect(turn.locator(".usage")).to_contain_text("tokens")  # what it spent, still shown
+    ui.expect(turn.locator(".author")).to_have_text("Written by the service")  # its message
 
 
 def test_stop_cancels_the_stream_and_the_server_logs_it(stack: AgentStack, open_page: Any) -> None:

@@ -28,7 +28,12 @@ SECRET = "evals-test-secret-0123456789abcdef0123"
 
 def answer(text: str = "The cooldown is 10 minutes.", **fields: Any) -> AgentAnswer:
     """An ``AgentAnswer`` with sensible defaults; ``fields`` override any member."""
-    values: dict[str, Any] = {"answer": text, "decision": "answered", "model": "local/scripted"}
+    values: dict[str, Any] = {
+        "answer": text,
+        "decision": "answered",
+        "answered_by": "model",
+        "model": "local/scripted",
+    }
     values.update(fields)
     return AgentAnswer.model_validate(values)
 

@@ -270,3 +270,65 @@ def test_the_report_says_which_split_ran_from_which_files(tmp_path: Path) -> Non
     )
     root = ET.fromstring(junit_xml(run))
     assert root.find("testsuite/properties/property[@name='split']").get("value") == "all"  # type: ignore[union-attr]
+
+
+def authored_run() -> EvalRun:
+    """The sample run with who wrote each answer (``boom`` has none: an ERROR without a
+    response), and the planner's route on two rows."""
+    import dataclasses
+
+    by = {"doc-ok": "model", "doc-bad": "service", "gap": "service", "fixed": "service"}
+    notes = {"doc-ok": ["route: documentation (a documented token)"], "fixed": ["route: open"]}
+    run = sample_run()
+    return dataclasses.replace(
+        run,
+        results=[
+            dataclasses.replace(
+                r,
+                answered_by=by.get(r.id),
+                response={"notes": notes.get(r.id, [])} if r.id in by else None,
+            )
+            for r in run.results
+        ],
+    )
+
+
+def test_model_written_and_service_written_rows_are_rated_apart_per_route(
+    tmp_path: Path,
+) -> None:
+    text = write_markdown(authored_run(), tmp_path / "report.md").read_text()
+    authors = text.split("## Who wrote the answer", 1)[1].split("## Router", 1)[0]
+    # per route: model-written rows, passed, rate | service-written rows, passed, rate | none
+    assert "| all rows | 1 | 0 | 0.0% | 3 | 1 | 33.3% | 1 |" in authors
+    assert "| off-topic / scope | 0 | 0 | - | 2 | 1 | 50.0% | 0 |" in authors
+    assert "| permission | 0 | 0 | - | 1 | 0 | 0.0% | 0 |" in authors
+    assert "| documentation | 1 | 0 | 0.0% | 0 | 0 | - | 0 |" in authors
+    assert "| live data, one tool | 0 | 0 | - | 0 | 0 | - | 1 |" in authors
+    # by the route the planner took (its note), rows without one under "-"
+    assert "| documentation | 1 | 0 | 0.0% | 0 | 0 | - | 0 |" in authors.split("planner", 1)[1]
+    assert "| open | 0 | 0 | - | 1 | 1 | 100.0% | 0 |" in authors
+    assert "| - | 0 | 0 | - | 2 | 0 | 0.0% | 1 |" in authors
+    assert "- model-written rows: latency p50 1,200 ms, p95 1,200 ms; tokens 900/40" in authors
+    assert "- service-written rows: latency p50 900 ms, p95 2,400 ms" in authors
+    # the failing row's details say who wrote the answer that failed
+    assert "Answer (answered, local/scripted, written by the service):" in text
+
+
+def test_a_run_without_answered_by_has_no_such_section(tmp_path: Path) -> None:
+    text = write_markdown(sample_run(), tmp_path / "report.md").read_text()
+    assert "## Who wrote the answer" not in text
+
+
+def test_the_terminal_summary_rates_the_authors_apart() -> None:
+    import io
+
+    from rich.console import Console
+
+    from evals.report import print_summary
+
+    out = io.StringIO()
+    print_summary(authored_run(), Console(file=out, width=200))
+    assert (
+        "written by the model: 0/1 fully passed (0.0%); by the service: 1/3 fully passed (33.3%)"
+        in out.getvalue()
+    )

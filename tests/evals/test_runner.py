@@ -541,3 +541,70 @@ async def test_the_judge_grades_after_every_question_is_answered(tmp_path: Path)
     assert result.results[2].status is Status.PASS  # graded, scored, in the dataset's order
     rows = load_dataset(write_dataset(tmp_path, SCOPED, "scoped.yaml")).cases
     assert [r.id for r in result.results] == [case.row.id for case in rows]
+
+
+# --- who wrote the answer ----------------------------------------------------------------------
+
+COMPOSED_NOTE = "answer composed by the service from the tool results (no model call)"
+
+
+async def test_each_row_keeps_who_wrote_its_answer_through_a_saved_run(tmp_path: Path) -> None:
+    from evals.runner import read_responses, rescore, write_responses
+
+    service = FakeService()
+    service.reply("Which room is busiest?", answer("The lobby.", answered_by="service"))
+    service.reply("Write a poem", answer(DECLINE, decision="declined_out_of_scope"))
+    service.reply("Summarise the alert docs", answer("A cooldown applies."))
+    first = await mocked(tmp_path, service)
+    by = {r.id: r.answered_by for r in first.results}
+    assert by == {"gap-of-the-small-one": "service", "off-topic": "model", "graded": "model"}
+
+    saved = write_responses(first, tmp_path / "run" / "responses.jsonl")
+    assert {r.id: r.answered_by for r in read_responses(saved).results} == by
+    dataset = load_dataset(write_dataset(tmp_path, SCOPED, "again.yaml"))
+    assert {r.id: r.answered_by for r in rescore(dataset, read_responses(saved)).results} == by
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"decision": "answered", "notes": [COMPOSED_NOTE]}, "service"),
+        (
+            {"decision": "idk", "notes": ["answer replaced by IDK; not in any tool result: 9 °C"]},
+            "service",
+        ),
+        ({"decision": "idk", "notes": ["the model returned an empty answer"]}, "service"),
+        ({"decision": "tool_loop_exhausted", "notes": []}, "service"),
+        ({"decision": "provider_error", "notes": []}, "service"),
+        (
+            {"decision": "answered", "notes": ["answer repaired; not in any tool result: 9 °C"]},
+            "model",
+        ),
+        ({"decision": "idk", "notes": ["route: open (no signal)"]}, "model"),
+        ({"decision": "declined_out_of_scope"}, "model"),
+    ],
+)
+def test_a_body_saved_before_answered_by_says_who_wrote_it_through_its_notes(
+    body: dict[str, object], expected: str
+) -> None:
+    """responses.jsonl of runs before the field: the service's own notes tell."""
+    from evals.runner import legacy_answered_by, parse_answer
+
+    full = {"answer": "x", "model": "local/scripted", **body}
+    assert legacy_answered_by(full) == expected
+    assert parse_answer(full).answered_by == expected
+    # a body that says it is taken at its word
+    assert parse_answer({**full, "answered_by": "model"}).answered_by == "model"
+
+
+def test_the_committed_record_runs_read_back_with_the_composed_rows_as_the_services() -> None:
+    """The 2026-12-05 golden run of record: 39 of its rows were composed (issue 42)."""
+    from evals.runner import read_responses
+
+    saved = Path(__file__).resolve().parents[2] / "evals/reports/2026-12-05-qwen1.5b-c1"
+    run = read_responses(saved / "responses.jsonl")
+    composed = [
+        r for r in run.results if r.response and COMPOSED_NOTE in (r.response.get("notes") or [])
+    ]
+    assert len(composed) == 39 and all(r.answered_by == "service" for r in composed)
+    assert {r.answered_by for r in run.results if r.response} == {"model", "service"}

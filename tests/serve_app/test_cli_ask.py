@@ -248,3 +248,28 @@ def test_an_unknown_local_user_is_a_usage_error(
     assert "the local world 'sample' has no such user (its users: nina, bram" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(("by", "said"), [("model", "the model"), ("service", "the service")])
+@pytest.mark.parametrize("flag", [None, "--no-stream"])
+def test_the_summary_says_who_wrote_the_answer(
+    by: str,
+    said: str,
+    flag: str | None,
+    served: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(DONE, "answered_by", by)  # the stream's done is this same object
+    code, text = ask(*([flag] if flag else []))
+    assert code == EXIT_OK
+    assert f"[decision: answered, model: local/scripted, written by {said}]" in text.splitlines()
+
+
+def test_an_answer_that_does_not_say_who_wrote_it_is_summarised_as_before() -> None:
+    """An older server sends no ``answered_by``: nothing is made up."""
+    from serve_app.ask_output import print_summary, written_by
+
+    out = io.StringIO()
+    print_summary({"decision": "idk", "model": "m", "answered_by": "judge"}, out, tools=False)
+    assert out.getvalue().splitlines()[1] == "[decision: idk, model: m]"
+    assert written_by({}) is None and written_by({"answered_by": "service"}) == "the service"

@@ -56,6 +56,7 @@ def test_a_thread_from_the_command_line(url: str) -> None:
     assert code == EXIT_OK
     assert "[1]" in out and "Q: How busy is Harbor Warehouse?" in out and "Q: and now?" in out
     assert out.count("A: Harbor Warehouse is quiet.") == 2 and "A: ok" in out  # turn 2 streamed
+    assert out.count(", written by the model") == 3  # each turn says who wrote its answer
 
     # another caller: the service's 404, as a usage error naming it
     code, _ = run("conversations", "show", ident, "--url", url, "--sub", "eve")

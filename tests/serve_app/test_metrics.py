@@ -51,6 +51,7 @@ def _answer(
         {
             "answer": "text",
             "decision": decision,
+            "answered_by": "model",
             "model": model,
             "tool_calls": list(calls),
             "usage": UsageOut(

@@ -75,7 +75,9 @@ def test_answers_lose_their_markers_and_only_successful_calls_give_ids() -> None
 
 async def test_open_thread_gives_the_run_the_threads_turns() -> None:
     store = InMemoryConversationStore()
-    first = AgentAnswer(answer="Harbor is at 40%.", decision="answered", model="m")
+    first = AgentAnswer(
+        answer="Harbor is at 40%.", decision="answered", answered_by="model", model="m"
+    )
     conversation, _ = await store.start("nina", turn_record("How busy is Harbor?", first))
     thread = await open_thread(
         store, NINA, "and its rooms?", conversation.id, max_turns=5, history_max_tokens=256

@@ -52,6 +52,7 @@ def answer(text: str = "Harbor Warehouse is at 40%.", **fields: object) -> Agent
     values: dict[str, object] = {
         "answer": text,
         "decision": "answered",
+        "answered_by": "model",
         "model": "local/scripted",
         "trace_id": "0af7651916cd43dd8448eb211c80319c",
         "citations": [
@@ -80,6 +81,15 @@ async def test_a_new_thread_is_stored_with_the_answer_and_says_where() -> None:
     # and a follow-up continues it
     follow = await open_thread(store, NINA, "and its rooms?", response.conversation_id, max_turns=3)
     assert (await follow.record(answer("4 rooms."))).turn == 2
+
+
+async def test_the_turn_keeps_who_wrote_the_answer() -> None:
+    store = InMemoryConversationStore()
+    thread = await open_thread(store, NINA, "Which buildings?", None, max_turns=3)
+    response = await thread.record(answer("You can see Harbor.", answered_by="service"))
+    assert response.answered_by == "service" and response.conversation_id is not None
+    found = await store.read("nina", response.conversation_id)
+    assert found is not None and found[1][0].record.answered_by == "service"
 
 
 async def test_an_unknown_and_another_callers_thread_are_the_same_404() -> None:

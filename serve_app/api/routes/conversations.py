@@ -31,7 +31,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
-from agent.answer import CitationOut, CostOut, Decision, ToolCallTrace, UsageOut
+from agent.answer import AnsweredBy, CitationOut, CostOut, Decision, ToolCallTrace, UsageOut
 from conversations.store import Conversation, PageCursor, Turn
 from serve_app.api.deps import BackendDep, CurrentUser
 from serve_app.api.errors import ErrorEnvelope, error_responses
@@ -78,6 +78,12 @@ class TurnOut(BaseModel):
     )
     tool_calls: list[ToolCallTrace]
     decision: Decision
+    answered_by: AnsweredBy | None = Field(
+        default=None,
+        description="Who wrote `answer`, as `POST /ask`'s `answered_by` says: `model` or "
+        "`service` (`service` for a withheld answer: the note is the service's). null for a "
+        "turn stored before the service recorded it.",
+    )
     idk: bool
     usage: UsageOut
     cost: CostOut
@@ -114,6 +120,7 @@ def turn_out(turn: Turn) -> TurnOut:
         citations=list(record.citations),  # stored as the answer's own types
         tool_calls=list(record.tool_calls),
         decision=record.decision,  # type: ignore[arg-type]  # stored from a Decision
+        answered_by=record.answered_by,  # type: ignore[arg-type]  # stored from AnsweredBy
         idk=record.idk,
         usage=record.usage,
         cost=record.cost,

@@ -87,7 +87,11 @@ def hs256_with_header(header: dict[str, Any], body: dict[str, Any], key: str) ->
 
 def answer(text: str = "ok", **fields: Any) -> AgentAnswer:
     return AgentAnswer(
-        answer=text, decision=fields.pop("decision", "answered"), model="m", **fields
+        answer=text,
+        decision=fields.pop("decision", "answered"),
+        answered_by=fields.pop("answered_by", "model"),
+        model="m",
+        **fields,
     )
 
 

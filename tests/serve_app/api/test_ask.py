@@ -192,6 +192,34 @@ async def test_an_eval_token_user_can_ask(
     assert call["name"] == "list_buildings" and call["ok"]
 
 
+async def test_the_answer_says_who_wrote_it_in_json_in_done_and_in_the_stored_turns(
+    settings: Settings,
+    make_backend: BackendFactory,
+    authorizer: CedarAuthorizer,
+    asgi_client: ClientFactory,
+    llm: ScriptedLLM,
+) -> None:
+    """The model's answer is the model's; the IDK answer the service puts in place of a reply
+    whose figure no tool result holds (after the repair call) is the service's."""
+    client = asgi_client(app_for(make_backend(settings), settings, authorizer))
+    question = "What can you tell me about my workplace?"
+    llm.script({"text": "I can tell you about your buildings, rooms and sensors."}, key=question)
+    response = await client.post("/ask", json={"question": question}, headers=NORTHWIND_STAFF)
+    assert response.status_code == 200, response.text
+    first = response.json()
+    assert (first["decision"], first["answered_by"]) == ("answered", "model")
+
+    invented = "There are 73 people in your lobby right now."
+    llm.script({"text": invented}, {"text": invented}, key=question)
+    ask = {"question": question, "stream": True, "conversation_id": first["conversation_id"]}
+    streamed = await client.post("/ask", json=ask, headers=NORTHWIND_STAFF)
+    name, done = parse_sse_text(streamed.text)[-1]
+    assert name == "done" and done["decision"] == "idk" and done["answered_by"] == "service"
+
+    thread = await client.get(f"/conversations/{first['conversation_id']}", headers=NORTHWIND_STAFF)
+    assert [t["answered_by"] for t in thread.json()["turns"]] == ["model", "service"]
+
+
 # --- model override -------------------------------------------------------------------------------
 
 
@@ -280,6 +308,7 @@ async def test_provider_errors_map_to_5xx_with_the_answer(
     body = response.json()
     assert is_envelope(body, code)
     assert body["decision"] == "provider_error" and body["answer"]
+    assert body["answered_by"] == "service"  # its fixed message, not the model's
     assert "test-key" not in response.text
 
     # streamed: the status is 200 by then; one error event carries the same object

@@ -399,6 +399,24 @@ async def test_openapi_documents_the_envelope_and_the_stream(
     assert "ErrorEnvelope" in schema["components"]["schemas"]
 
 
+async def test_openapi_says_who_wrote_the_answer(
+    fake_app: AppFactory, asgi_client: ClientFactory
+) -> None:
+    """``answered_by`` is required on the answer (JSON and the stream's ``done``: the same
+    object), described, and nullable on a stored turn (older turns did not record it)."""
+    app, _ = fake_app()
+    schemas = (await asgi_client(app).get("/openapi.json")).json()["components"]["schemas"]
+    for name in ("AgentAnswer", "AskResponse"):
+        field = schemas[name]["properties"]["answered_by"]
+        assert field["enum"] == ["model", "service"], name
+        assert "answered_by" in schemas[name]["required"], name
+        assert field["description"].startswith("Who wrote `answer`."), name
+    turn = schemas["TurnOut"]["properties"]["answered_by"]
+    assert {"type": "null"} in turn["anyOf"] and "answered_by" not in schemas["TurnOut"].get(
+        "required", []
+    )
+
+
 # --- probes ---------------------------------------------------------------------------------------
 
 

@@ -58,6 +58,19 @@ function usd(value) {
   return value < 0.0001 ? `$${value.toExponential(1)}` : `$${value.toFixed(4)}`;
 }
 
+// Who wrote the answer (`answered_by`): the model, named, or the service; nothing when the
+// server does not say (a turn stored before it was recorded).
+const AUTHORS = {
+  model: {
+    text: (answer) => `Written by ${answer.model || "the model"}`,
+    title: "The model wrote this answer; the service checked its figures and citations.",
+  },
+  service: {
+    text: () => "Written by the service",
+    title: "The service wrote this answer itself, from its own tool results or in place of the model's reply.",
+  },
+};
+
 function formatUsage(answer) {
   const usage = answer.usage || {};
   const cost = answer.cost || {};
@@ -89,6 +102,7 @@ class TurnView {
       "aria-busy": "true",
       "aria-atomic": "false",
     });
+    this.author = el("p", { class: "author muted" });
     this.decision = el("div", { class: "decision", hidden: true });
     this.sources = el("ol", { class: "footnotes", "aria-label": "Sources" });
     this.meta = el("p", { class: "usage muted" });
@@ -100,6 +114,7 @@ class TurnView {
       this.status,
       this.trace,
       this.answer,
+      this.author,
       this.decision,
       this.sources,
       this.meta,
@@ -200,10 +215,20 @@ class TurnView {
       this.showTrace(answer.tool_calls);
     }
     this.setDecision(answer.decision, answer.error ? answer.error.message : null);
+    this.setAuthor(answer);
     this.meta.textContent = formatUsage(answer);
     this.end(answer.decision === "provider_error" ? "error" : "done");
     this.node.dataset.decision = answer.decision;
     this.setStatus("");
+  }
+
+  setAuthor(answer) {
+    const author = Object.hasOwn(AUTHORS, answer.answered_by ?? "") ? AUTHORS[answer.answered_by] : null;
+    this.author.textContent = author ? author.text(answer) : "";
+    if (author) {
+      this.author.title = author.title;
+      this.node.dataset.answeredBy = answer.answered_by;
+    }
   }
 
   setDecision(decision, detail) {
