@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from agent.answer import AgentEvent, CitationEvent, CitationOut, Decision, DoneEvent, TokenEvent
 from agent.citation_support import check_support
 from agent.citations import CitationResult, extract_citations
-from agent.grounding import ungrounded
+from agent.grounding import ungrounded, unsupported_states
 from agent.instrumented import RunTrace, model_call
 from agent.llm.base import ChatRequest, ChatResult, LLMClient, LLMError, Message
 from agent.prompts import DECLINE_TEXT, IDK_MARKER, is_idk, is_refusal
@@ -23,28 +23,60 @@ __all__ = ["Finisher"]
 log = logging.getLogger(__name__)
 
 
-def _repair_note(missing: list[str]) -> str:
+def _repair_note(missing: list[str], states: list[str]) -> str:
+    """What the repair call is told: the figures no tool result holds, and the statements of
+    state no result of this turn shows."""
+    figures = [m for m in missing if m not in states]
+    said = ""
+    if figures:
+        said += f"These figures do not appear in any tool result: {'; '.join(figures)}. "
+    if states:
+        said += (
+            f"No result of this turn shows the state you describe: {'; '.join(states)} "
+            "(the present needs a reading, the past a history). "
+        )
     return (
-        f"These figures do not appear in any tool result: {'; '.join(missing)}. "
-        "Answer again using only what the tool results say, or, if they do not answer the "
-        "question, say you don't know as instructed. Follow the required format."
+        f"{said}Answer again using only what the tool results say, or, if they do not answer "
+        "the question, say you don't know as instructed. Follow the required format."
     )
 
 
 class Finisher:
     """Ends runs for one agent; ``llm`` is the agent's traced model (for the repair call,
-    made only when ``repair``: else an ungrounded answer becomes IDK at once)."""
+    made only when ``repair``: else an ungrounded answer becomes IDK at once). ``settles``:
+    what each tool answers on its own (``ToolSpec.answers``), for statements of live state
+    and of the past (``agent.grounding.unsupported_states``)."""
 
-    def __init__(self, llm: LLMClient, *, repair: bool = True) -> None:
+    def __init__(
+        self,
+        llm: LLMClient,
+        *,
+        repair: bool = True,
+        settles: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
         self.llm = llm
         self.repair = repair
+        self.settles = dict(settles or {})
 
-    @staticmethod
-    def composed(run: Run, text: str, streaming: bool) -> list[AgentEvent]:
+    def unsupported(self, run: Run, answer: str) -> list[str]:
+        """What ``answer`` says that this run's evidence does not hold: figures, ids and
+        names (``ungrounded``), and, in a run about buildings or rooms (a successful call
+        with an entity argument), statements of live state or of the past that no result of
+        this turn settles."""
+        missing = ungrounded(answer, run.evidence())
+        return missing + [s for s in self._states(run, answer) if s not in missing]
+
+    def _states(self, run: Run, answer: str) -> list[str]:
+        if not any(trace.ok and trace.entities for trace in run.traces):
+            return []
+        settled = {a for t in run.traces if t.ok for a in self.settles.get(t.name, ())}
+        return unsupported_states(answer, settled)
+
+    def composed(self, run: Run, text: str, streaming: bool) -> list[AgentEvent]:
         """The events of an answer the service wrote from its own tool results (its
         markers cite chunks the run retrieved), or none when a figure in it is not grounded
         or a marker names no such chunk (a composer bug: the model answers instead)."""
-        missing = ungrounded(text, run.evidence())
+        missing = self.unsupported(run, text)
         cited = extract_citations(text, run.retrieved())
         if missing or cited.hallucinated:
             why = "; ".join([*missing, *(f"no chunk {c}" for c in cited.hallucinated)])
@@ -137,8 +169,7 @@ class Finisher:
         """``checked`` if every figure, id and designator in it is grounded in the run's
         evidence; else the answer of one repair call, if that one is; else None (the run
         answers IDK). What was rejected goes to ``run.ungrounded`` and ``notes``."""
-        evidence = run.evidence()  # before the repair note, which repeats the figures
-        missing = ungrounded(checked.answer, evidence)
+        missing = self.unsupported(run, checked.answer)  # before the repair note repeats them
         if not missing:
             return checked
         run.ungrounded.extend(missing)
@@ -146,7 +177,7 @@ class Finisher:
         if self.repair:
             repaired = await self._repair(run, checked.answer, missing, request, trace, hop + 1)
         if repaired is not None:
-            still = ungrounded(repaired.answer, evidence)
+            still = self.unsupported(run, repaired.answer)
             if not still:
                 run.notes.append(f"answer repaired; not in any tool result: {'; '.join(missing)}")
                 return repaired
@@ -168,7 +199,8 @@ class Finisher:
         """One more model call (a hop of its own, never streamed: the done answer replaces
         what was streamed) with the violation fed back; its answer, or None when it asks
         for tools, declines, says IDK, is empty or fails."""
-        run.messages += [Message("assistant", answer), Message("user", _repair_note(missing))]
+        note = _repair_note(missing, self._states(run, answer))
+        run.messages += [Message("assistant", answer), Message("user", note)]
         retry = dataclasses.replace(request, messages=tuple(run.messages))
         with trace.hop(hop) as hop_ctx:
             try:

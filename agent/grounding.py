@@ -51,14 +51,22 @@ import dataclasses
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
 from agent.words import content_words
 
-__all__ = ["Claim", "Evidence", "build_evidence", "extract_claims", "normalize", "ungrounded"]
+__all__ = [
+    "Claim",
+    "Evidence",
+    "build_evidence",
+    "extract_claims",
+    "normalize",
+    "ungrounded",
+    "unsupported_states",
+]
 
 ClaimKind = Literal["number", "time", "id", "name"]
 
@@ -581,3 +589,35 @@ def _said_of(fact: Fact, said_of: frozenset[str]) -> bool:
     if fact.field:
         return bool(fact.words) and fact.words <= said_of
     return len(fact.words & said_of) >= MISATTRIBUTION_OVERLAP
+
+
+# --- statements about live state and about the past -----------------------------------------
+
+# What a run's tools settle (``ToolSpec.answers``) that a statement of the present rests on,
+# and one of the past.
+LIVE_ANSWERS = frozenset({"occupancy", "reading", "inventory"})
+PAST_ANSWERS = frozenset({"history"})
+_STATES = "busy|empty|full|crowded|quiet|occupied|online|offline|above|below|over|under"
+_LIVE_STATE = re.compile(
+    rf"\b(?:right now|currently|at the moment|at present|(?:is|are) (?:now )?(?:{_STATES})"
+    r"|exceed(?:s|ing)?|(?:is|are) (?:installed|reporting))\b",
+    re.IGNORECASE,
+)
+_PAST_STATE = re.compile(
+    rf"\b(?:yesterday|last (?:night|week|month)|earlier today|this morning"
+    rf"|\d+ (?:hours?|days?) ago|(?:was|were) (?:{_STATES}|at))\b",
+    re.IGNORECASE,
+)
+
+
+def unsupported_states(answer: str, settled: Collection[str]) -> list[str]:
+    """The statements of live state ("is above the limit", "right now") and of the past
+    ("yesterday", "was busy") in ``answer`` that no result of this turn settles: ``settled``
+    holds what its successful tool calls answer (``ToolSpec.answers``): a reading, the
+    occupancy or the inventory for the present, a history for the past. As written."""
+    text = normalize(answer)
+    found: list[str] = []
+    for pattern, needs in ((_LIVE_STATE, LIVE_ANSWERS), (_PAST_STATE, PAST_ANSWERS)):
+        if needs.isdisjoint(settled):
+            found.extend(m.group(0) for m in pattern.finditer(text) if m.group(0) not in found)
+    return found

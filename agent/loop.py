@@ -138,7 +138,9 @@ class Agent:
         )
         repair = self.config.repair_ungrounded
         self.finisher = Finisher(
-            self.llm, repair=self.strategy.repairs_by_default if repair is None else repair
+            self.llm,
+            repair=self.strategy.repairs_by_default if repair is None else repair,
+            settles={spec.name: spec.answers for spec in tools.specs()},
         )
 
     # --- public API ---------------------------------------------------------------------------

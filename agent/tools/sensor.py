@@ -175,6 +175,7 @@ class ListSensorsArgs(Args):
 
 class ListSensors(Tool[ListSensorsArgs, ListSensorsResult]):
     name = "list_sensors"
+    answers = ("inventory",)
     description = (
         "The device inventory: which sensors (sensor_id, sensor_type) are installed in a "
         "building or one of its rooms. Tells 'no sensor installed' apart from 'no reading'. "
@@ -261,6 +262,7 @@ _STATUS_NOTES = {
 
 class GetLatestSensorData(Tool[GetLatestSensorDataArgs, GetLatestSensorDataResult]):
     name = "get_latest_sensor_data"
+    answers = ("reading",)
     description = (
         "The most recent reading of each sensor in a room (value, unit, time, status), "
         "optionally of one sensor type (occupancy, co2, temperature, humidity, door_counter)."
@@ -397,6 +399,7 @@ def _summary(points: list[tuple[str, float]]) -> HistorySummary:
 
 class GetSensorHistory(Tool[GetSensorHistoryArgs, GetSensorHistoryResult]):
     name = "get_sensor_history"
+    answers = ("history",)
     description = (
         "Readings of one sensor type in a room over the last `hours` (1-168, default 24), "
         f"downsampled to at most {MAX_POINTS} points (average, min, max per point) plus a "
