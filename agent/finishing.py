@@ -126,6 +126,8 @@ class Finisher:
             yield DoneEvent(response=run.declined(answer, result))
             return
         decision: Decision = "idk" if is_idk(answer) else "answered"
+        if streaming and answer == IDK_MARKER:  # held back while streamed (agent.streaming)
+            yield TokenEvent(text=IDK_MARKER)
         if decision == "answered":
             grounded = await self._grounded(run, checked, request, trace, hop)
             if grounded is None:  # the service's IDK answer in place of the model's

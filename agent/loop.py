@@ -9,6 +9,8 @@ never raised), appends the results and goes round again; a final reply is classi
 and ``tool_loop_exhausted`` (so does a model asking for tools past ``max_tool_calls`` tool
 calls or ``max_total_tokens`` tokens in all). Provider failures (after the client's retries)
 end the run with ``provider_error`` and a clean message; nothing is raised to the caller.
+A final "I don't know" with no search of the knowledge base in the run is not accepted yet:
+the loop searches first and asks again (``agent.search_first``).
 
 What happens around the loop (work before the first call, what each hop offers, what tool
 results teach) is the run's ``RunStrategy`` (``agent.strategy``): the plain agentic loop by
@@ -17,13 +19,9 @@ default; the composition root may choose another, such as the small-model planne
 ``stream`` yields ``progress`` events (``started`` first, each model call, ``waiting``
 heartbeats, each tool as it starts), ``tool`` events as tools finish, ``token`` and
 ``citation`` events as text arrives (``agent.streaming``), then one ``done`` event carrying
-the full ``AgentAnswer``; ``answer`` runs the same loop with non-streaming model calls. The
-``done`` answer is authoritative: a preamble streamed before a tool call ("Let me check.")
-is not part of it.
-
-Tracing stays out of the loop (``agent.instrumented``): the model is an ``InstrumentedLLM``
-(each call's parent span set by ``model_call``) and each run a ``RunTrace``. Plain async
-Python: no Ray, no FastAPI.
+the full ``AgentAnswer`` (authoritative: a preamble streamed before a tool call is not part of
+it); ``answer`` runs the same loop with non-streaming model calls. Tracing stays out of the
+loop (``agent.instrumented``). Plain async Python: no Ray, no FastAPI.
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ from agent.progress import DEFAULT_HEARTBEAT_SECONDS, prepend
 from agent.prompts import IDK_MARKER, SystemPrompt, load_system_prompt
 from agent.request import AgentRequest, RequestFields
 from agent.run_state import Run
+from agent.search_first import search_before_giving_up
 from agent.strategy import AgenticStrategy, AgentKit, RunHooks, RunStart, RunStrategy
 from agent.streaming import stream_hop
 from agent.tool_calls import run_tool_calls
@@ -86,12 +85,10 @@ class AgentConfig:
     temperature: float | None = None  # as sent by the client; recorded on spans
     max_output_tokens: int | None = None
     provider_url: str = ""  # names the provider on spans when the client has no base_url
-    # An ungrounded answer gets one repair call (True) or becomes IDK at once (False).
-    # None: the strategy's default (``RunStrategy.repairs_by_default``).
+    # One repair call for an ungrounded answer, or IDK at once; None: the strategy's default.
     repair_ungrounded: bool | None = None
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS  # between ``waiting`` events
-    # HISTORY_MAX_TOKENS: the earlier turns the model is shown (``agent.turns``). None: all;
-    # 0: none, and none for the strategy either.
+    # HISTORY_MAX_TOKENS (``agent.turns``). None: every earlier turn; 0: none, for the strategy too.
     history_max_tokens: int | None = None
 
 
@@ -261,27 +258,33 @@ class Agent:
                         names = ", ".join(call.name for call in reply.tool_calls)
                         run.notes.append(f"{limit}; the model still asked for: {names}")
                         break
-                    run.messages.append(
-                        Message("assistant", reply.text, tool_calls=tuple(reply.tool_calls))
-                    )
-                    tool_events = run_tool_calls(
-                        self.tools, run, reply.tool_calls, hop_ctx, then=hooks.after_tools
-                    )
-                    async with aclosing(tool_events):
-                        async for tool_event in tool_events:
-                            yield tool_event
-                    continue
-
-                finish = self.finisher.finish(run, reply, streaming, request, trace, hop)
-                async for event in finish:
-                    yield event
-                return
+                    asked = Message("assistant", reply.text, tool_calls=tuple(reply.tool_calls))
+                elif hop < self.max_hops and (search := self._search_first(run, request, reply)):
+                    asked = Message("assistant", None, tool_calls=(search,))
+                else:
+                    finish = self.finisher.finish(run, reply, streaming, request, trace, hop)
+                    async for event in finish:
+                        yield event
+                    return
+                async with aclosing(self._run_calls(run, asked, hop_ctx, hooks)) as calls:
+                    async for tool_event in calls:
+                        yield tool_event
 
         if streaming:
             yield TokenEvent(text=IDK_MARKER)
         yield DoneEvent(
             response=run.response(IDK_MARKER, "tool_loop_exhausted", by="service", idk=True)
         )
+
+    def _run_calls(
+        self, run: Run, asked: Message, hop_ctx: otel_context.Context, hooks: RunHooks
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """The calls of ``asked`` (appended to the run's messages), as the caller."""
+        run.messages.append(asked)
+        return run_tool_calls(self.tools, run, asked.tool_calls, hop_ctx, then=hooks.after_tools)
+
+    def _search_first(self, run: Run, request: ChatRequest, reply: ChatResult) -> ToolCall | None:
+        return search_before_giving_up(run, request, reply, self.kit.tools.specs())
 
     def _limit_reached(self, run: Run, hop: int, calls: Sequence[ToolCall]) -> str | None:
         """Why the run may not go on with ``calls`` (the hop, tool-call or token cap), or

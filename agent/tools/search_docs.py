@@ -38,6 +38,7 @@ class SearchDocsResult(BaseModel):
 
 class SearchDocs(Tool[SearchDocsArgs, SearchDocsResult]):
     name = "search_docs"
+    answers = ("documentation",)
     description = (
         "Search the CrowdVision documentation (how the platform works: features, settings, "
         "sensors, alerts, APIs, troubleshooting). Cite what you use as [^chunk_id]."

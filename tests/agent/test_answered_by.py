@@ -197,7 +197,10 @@ async def test_the_models_own_idk_and_decline_are_the_models(
     mode: Mode, make_local_agent: Any, streamed: bool
 ) -> None:
     """Also where the service spells them (json_schema's ``idk`` and ``decline`` steps)."""
-    model = scripted(mode, Idk(), Decline())
+    # Native: IDK again after the search the service makes first (json_schema: the planner
+    # searched before the model, agent.search_first).
+    idks = (Idk(), Idk()) if mode == "native" else (Idk(),)
+    model = scripted(mode, *idks, Decline())
     agent = agent_for(make_local_agent, model, mode)
 
     idk = await ask(agent, OPEN_QUESTION, NORTHWIND_STAFF, streamed)

@@ -402,14 +402,14 @@ async def test_a_streamed_invented_answer_ends_with_the_corrected_done(
 @pytest.mark.usefixtures("no_sockets")
 @pytest.mark.parametrize("mode", MODES)
 async def test_greetings_and_idk_need_no_check(mode: Mode, make_local_agent: Any) -> None:
-    for step, decision in (
-        (Say("Hello! Ask me about your buildings."), "answered"),
-        (Idk(), "idk"),
+    for steps, decision in (
+        ((Say("Hello! Ask me about your buildings."),), "answered"),
+        ((Idk(), Idk()), "idk"),  # the second after the service's search (search_first)
     ):
-        model = scripted(mode, step)
+        model = scripted(mode, *steps)
         answer = await make_local_agent(model).answer("Hi", NORTHWIND_STAFF)
         assert (answer.decision, answer.retrieval.ungrounded) == (decision, [])
-        assert len(model.requests) == 1
+        assert len(model.requests) == len(steps)
 
 
 @pytest.mark.usefixtures("no_sockets")

@@ -166,10 +166,11 @@ async def test_invalid_arguments_are_a_tool_error_not_a_crash(
         mode,
         Call("get_room", {"room": "seven"}),
         Idk(),
+        Idk(),  # again, after the search the service makes before IDK (agent.search_first)
     )
     answer = await make_local_agent(model).answer(question, NORTHWIND_STAFF)
     assert answer.decision == "idk" and answer.idk and answer.answer == IDK_MARKER
-    (trace,) = answer.tool_calls
+    trace, _search = answer.tool_calls
     assert not trace.ok and "room_id: Field required" in (trace.error or "")
 
 
@@ -331,7 +332,7 @@ async def test_streamed_decline_and_idk_have_service_text(
     assert response.decision == "declined_out_of_scope"
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == response.answer
 
-    model.script(*script_replies(mode, Idk()))
+    model.script(*script_replies(mode, Idk(), Idk()))  # before and after the service's search
     events = await collect(make_local_agent(model), "What is the wifi password in the lobby?")
     response = done(events)
     assert response.decision == "idk" and response.answer == IDK_MARKER
