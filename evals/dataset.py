@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -33,6 +33,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+T = TypeVar("T")
 
 DEFAULT_DATASET = Path("evals/datasets/golden.yaml")
 TEST_DATASET = Path("evals/datasets/test.yaml")
@@ -467,19 +469,27 @@ def load_dataset(path: Path | str) -> Dataset:
     return parse_dataset(path, read_yaml(path))
 
 
-def load_datasets(paths: Sequence[Path | str]) -> Dataset:
-    """Several files as one run; a row id must be unique across all of them."""
+def load_each(paths: Sequence[Path | str], load: Callable[[Path | str], T], what: str) -> list[T]:
+    """``load`` of every path, or one ``DatasetError`` with all their problems (or none
+    given: "no ``what`` given")."""
     problems: list[str] = []
-    loaded: list[Dataset] = []
+    loaded: list[T] = []
     for path in paths:
         try:
-            loaded.append(load_dataset(path))
+            loaded.append(load(path))
         except DatasetError as exc:
             problems.extend(exc.problems)
     if problems:
         raise DatasetError(problems)
     if not loaded:
-        raise DatasetError(["no dataset given"])
+        raise DatasetError([f"no {what} given"])
+    return loaded
+
+
+def load_datasets(paths: Sequence[Path | str]) -> Dataset:
+    """Several files as one run; a row id must be unique across all of them."""
+    loaded = load_each(paths, load_dataset, "dataset")
+    problems: list[str] = []
     owner: dict[str, Case] = {}
     for dataset in loaded:
         for case in dataset.cases:

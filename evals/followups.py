@@ -36,6 +36,7 @@ from evals.dataset import (
     Split,
     SplitChoice,
     StrictModel,
+    load_each,
     read_yaml,
 )
 from evals.retrieval_labels import (
@@ -256,17 +257,10 @@ def load_followup_sets(
 ) -> FollowupDataset:
     """Several files as one run (the same ``docs`` folder; conversation ids unique across
     them), then the conversations of ``split`` and ``worlds``; raises ``DatasetError``."""
+    loaded = load_each(
+        paths, lambda path: load_followups(path, repo_root=repo_root), "follow-up dataset"
+    )
     problems: list[str] = []
-    loaded: list[FollowupDataset] = []
-    for path in paths:
-        try:
-            loaded.append(load_followups(path, repo_root=repo_root))
-        except DatasetError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise DatasetError(problems)
-    if not loaded:
-        raise DatasetError(["no follow-up dataset given"])
     first = loaded[0]
     owner: dict[str, Path] = {}
     for dataset in loaded:
