@@ -28,10 +28,10 @@ from tests.shipped_tools import SHIPPED_TOOLS, shipped_registry
 # The json_schema ones changed since: the occupancy example no longer shows a reading time
 # (the 1.5B copied "09:15 UTC" into its answers).
 PINNED_PROMPTS = {
-    ("v1", "native"): "270f3e3390978f8b8566b0f8bd21add891bd2c5922359a11e4b567582ccaf6a6",
-    ("v1", "json_schema"): "298514b4da65c38f5a96dc7577297d86a9e452b91dfe2347c1c975f6218d7db5",
-    ("v2", "native"): "14d4871a1888cad717a6faa30eb7c2e3b456a3cc9b7c62557c7e6e60172dbcd6",
-    ("v2", "json_schema"): "39ab0409063fa6b21c2b23d6ba3bab3e3e844bcccbfab84b1ab0a25741ba5523",
+    ("v1", "native"): "53dc45cd0967167ea7983cba43a7fd13209a3200276c903b1065ab42d4411205",
+    ("v1", "json_schema"): "182b44b9b5a5a3be4be3471ae3e14646ec5ea29afab559af830a74609117f6f3",
+    ("v2", "native"): "4151b704cc019e59e8d4b9bcbffd8785516e5a17bd68066531825b3be94abf75",
+    ("v2", "json_schema"): "55795f8ff8790b50cd4396efde0082e550fb35fadd88efbf752333bc6f80c7b5",
 }
 PINNED_RESPONSE_FORMATS = {
     False: "9c316b721d087837165e269a70ec230653cbd7cd36ac2119146c7df07919b806",
@@ -96,10 +96,10 @@ def test_a_tool_not_offered_leaves_no_trace_in_the_prompt() -> None:
 
 def test_v2_extra_examples_follow_search_docs_own() -> None:
     text = load_system_prompt("v2").render("json_schema", shipped_registry().specs())
-    own, extra = text.index("How do I set up an occupancy alert?"), text.index("CV-E2001 mean?")
+    own, extra = text.index("How do I set up an occupancy alert?"), text.index("GW-201 mean?")
     assert own < extra < text.index("(after the tools returned nothing")
     no_docs = [s for s in shipped_registry().specs() if s.name != "search_docs"]
-    assert "CV-E2001 mean?" not in load_system_prompt("v2").render("json_schema", no_docs)
+    assert "GW-201 mean?" not in load_system_prompt("v2").render("json_schema", no_docs)
 
 
 def test_native_prompt_names_both_markers() -> None:
