@@ -43,10 +43,15 @@ ENTITY_KEYS: Mapping[str, str] = {
     "chunk_id": "chunk",
 }
 
-# An id as a person types one: lowercase words joined by at least two hyphens, or with a
-# digit ("b-river-depot", "room-12", "site-mars-base-7"). Plain hyphenated words
+# An id as a person types one: a UUID; lowercase words joined by at least two hyphens, or
+# with a digit ("b-river-depot", "room-12", "site-mars-base-7"). Plain hyphenated words
 # ("door-counter", "sensor-health") are not ids.
-_ID_IN_TEXT = re.compile(r"(?<![\w-])([a-z][a-z0-9_]*(?:-[a-z0-9_]+){2,}|[a-z][a-z0-9_]*-\d[\w-]*)")
+_UUID = r"(?i:[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})"
+_ID_SHAPES = rf"{_UUID}|[a-z][a-z0-9_]*(?:-[a-z0-9_]+){{2,}}|[a-z][a-z0-9_]*-\d[\w-]*"
+_ID_IN_TEXT = re.compile(rf"(?<![\w-])({_ID_SHAPES})(?![\w])")
+# After a word that says its kind, an id may be a bare number too ("room 4711", "room 0107"):
+# digits only, so "Room 12A" stays a name's part.
+_ID_AFTER_WORD = rf"(?<![\w-])({_ID_SHAPES}|\d{{1,12}}(?!\w)(?![.,]\d))"
 
 
 def ids_in_text(text: str) -> list[str]:
@@ -58,9 +63,9 @@ def ids_in_text(text: str) -> list[str]:
 
 
 def ids_after_word(text: str, word: str) -> list[str]:
-    """Ids the question introduces with ``word`` ("room room-12a", "in room rm-3"): the
+    """Ids the question introduces with ``word`` ("room room-12a", "in room 4711"): the
     question's own statement of what kind of id it typed."""
-    pattern = re.compile(rf"\b{re.escape(word)}\s+{_ID_IN_TEXT.pattern}", re.IGNORECASE)
+    pattern = re.compile(rf"\b{re.escape(word)}\s+{_ID_AFTER_WORD}", re.IGNORECASE)
     return list(dict.fromkeys(m.group(1).rstrip("-_") for m in pattern.finditer(text)))
 
 

@@ -75,13 +75,14 @@ class QuestionReading:
         """``question`` read against the caller's ``buildings`` (``list_buildings``) and the
         sensor types the tools list."""
         named = tuple(match_names(question, buildings))
-        typed = tuple(ids_in_text(question))
         listed = {b.entity_id for b in buildings}
         # Ids are opaque: one is a building's when the caller's list holds it or the question
-        # says so ("building X"), a room's when it says so; any other is resolved by lookup.
-        said = ids_after_word(question, "building")
+        # says so ("building X"), a room's when it says so ("room 4711"); any other is
+        # resolved by lookup.
+        said, said_rooms = ids_after_word(question, "building"), ids_after_word(question, "room")
+        typed = _unique([*ids_in_text(question), *said, *said_rooms])
         as_buildings = _unique([*said, *(i for i in typed if i in listed)])
-        as_rooms = _unique(i for i in ids_after_word(question, "room") if i not in as_buildings)
+        as_rooms = _unique(i for i in said_rooms if i not in as_buildings)
         rest = without(question, [b.name for b in named])
         return cls(
             text=question,
