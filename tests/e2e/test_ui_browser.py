@@ -28,7 +28,7 @@ import pytest
 
 from foundation.eval_tokens import mint_eval_token
 from local_world.claims import encode_claims
-from tests.e2e.stack_helpers import AgentStack, agent_stack, chunk_id_for
+from tests.e2e.stack_helpers import AgentStack, SharedServe, agent_stack, chunk_id_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -125,7 +125,9 @@ def ui_docs_url(
 
 
 @pytest.fixture(scope="module")
-def stack(ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+def stack(
+    ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory, shared_serve: SharedServe
+) -> Iterator[AgentStack]:
     from tests.conftest import TEST_HOME
 
     env = {
@@ -136,7 +138,7 @@ def stack(ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "DOC_ROOTS": f"{TEST_HOME / 'ui-docs'}=",  # what the admin panel's run ingests
     }
     home = tmp_path_factory.mktemp("ui-home")
-    with agent_stack(ui_docs_url, home, env=env) as running:
+    with agent_stack(ui_docs_url, home, env=env, shared=shared_serve) as running:
         yield running
 
 
