@@ -356,7 +356,7 @@ def test_ingest_is_admin_only_and_runs_as_a_ray_job(stack: Stack) -> None:
         status = httpx.get(f"{stack.url}/ingest/{run_id}", headers=ADMIN, timeout=30).json()
         if status["status"] in {"succeeded", "failed", "stopped"}:
             break
-        time.sleep(2)
+        time.sleep(0.5)
     assert status["status"] == "succeeded", status
     assert status["counts"]["new"] + status["counts"]["unchanged"] == 1
     assert status["progress"]["done"] == status["progress"]["total"]
@@ -381,7 +381,7 @@ def test_readyz_fails_while_the_database_is_down(stack: Stack) -> None:
     while time.monotonic() < deadline:
         if httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200:
             break
-        time.sleep(1)
+        time.sleep(0.25)
     else:
         pytest.fail("/readyz did not recover after the database came back")
 

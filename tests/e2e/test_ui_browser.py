@@ -28,7 +28,13 @@ import pytest
 
 from foundation.eval_tokens import mint_eval_token
 from local_world.claims import encode_claims
-from tests.e2e.stack_helpers import AgentStack, SharedServe, agent_stack, chunk_id_for
+from tests.e2e.stack_helpers import (
+    AgentStack,
+    SharedServe,
+    agent_stack,
+    chunk_id_for,
+    replica_actors,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -588,15 +594,22 @@ def _wait_for_log(stack: AgentStack, needle: str, timeout: float = 15) -> bool:
     from ray.util.state import get_log, list_logs
 
     node = ray.get_runtime_context().get_node_id()  # one node: the head
+    # Only this stack's Ingress replicas (their log and their workers' output): the session's
+    # shared cluster keeps the logs of the applications deployed before this one.
+    ingress = replica_actors("Ingress", stack.app)
+    tags = {str(actor.name).rsplit("#", 1)[-1] for actor in ingress}
+    pids = {str(actor.pid) for actor in ingress}
+
+    def ours(name: str) -> bool:
+        base = name.rsplit("/", 1)[-1]
+        if "Ingress" in base:
+            return any(tag in base for tag in tags)
+        return base.startswith("worker-") and base.rsplit(".", 1)[0].rsplit("-", 1)[-1] in pids
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         files = list_logs(node_id=node) or {}
-        names = [
-            name
-            for group in files.values()
-            for name in group
-            if "Ingress" in name or name.startswith("worker-")
-        ]
+        names = [name for group in files.values() for name in group if ours(name)]
         for name in names:
             try:
                 text = "".join(get_log(node_id=node, filename=name, tail=2000))
