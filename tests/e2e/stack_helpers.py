@@ -159,13 +159,23 @@ class SharedServe:
         import ray
         from ray import serve
 
-        if ray.is_initialized() and ray.get_runtime_context().gcs_address != self.address:
+        if ray.is_initialized() and not self.connected():
             ray.shutdown()
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=False)
         serve.start(
             http_options={"host": "127.0.0.1", "port": self.port}, proxy_location="HeadOnly"
         )
+
+    def connected(self) -> bool:
+        """Whether this process is connected to the shared cluster (Ray names it by the
+        node's IP address, not 127.0.0.1: compared by the GCS port)."""
+        import ray
+
+        if not ray.is_initialized():
+            return False
+        port = str(ray.get_runtime_context().gcs_address).rsplit(":", 1)[-1]
+        return port == self.address.rsplit(":", 1)[-1]
 
     @contextmanager
     def app(self, *apps: tuple[Any, str, str | None]) -> Iterator[str]:
@@ -194,7 +204,10 @@ class SharedServe:
                 serve.delete(name, _blocking=False)
         with suppress(Exception):
             for actor in list_actors(
-                filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False
+                address=self.address,
+                filters=[("state", "=", "ALIVE")],
+                limit=1000,
+                raise_on_missing_output=False,
             ):
                 app = actor.class_name.split(":")[1] if ":" in actor.class_name else ""
                 if actor.class_name.startswith("ServeReplica:") and app in names:
@@ -472,12 +485,22 @@ def _ready_stack(
 # --- replicas and their processes ----------------------------------------------------------------
 
 
+def state_address() -> str | None:
+    """The GCS address of the cluster this process is connected to, for Ray's state API:
+    without one it asks the cluster last started with ``ray start`` on this machine (after the
+    node failure module's own, none; or another test run's)."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address) if ray.is_initialized() else None
+
+
 def replica_actors(deployment: str, app: str = STACK_APP) -> list[Any]:
     """The ALIVE replica actors of ``app``'s ``deployment`` (``ActorState``: pid, node_id)."""
     from ray.util.state import list_actors
 
     return list(
         list_actors(
+            address=state_address(),
             filters=[
                 ("class_name", "=", f"ServeReplica:{app}:{deployment}"),
                 ("state", "=", "ALIVE"),
@@ -490,7 +513,8 @@ def replica_actors(deployment: str, app: str = STACK_APP) -> list[Any]:
 def proxy_actors() -> list[Any]:
     from ray.util.state import list_actors
 
-    return list(list_actors(filters=[("class_name", "=", "ProxyActor"), ("state", "=", "ALIVE")]))
+    alive = [("class_name", "=", "ProxyActor"), ("state", "=", "ALIVE")]
+    return list(list_actors(address=state_address(), filters=alive))
 
 
 def running_replicas(deployment: str, app: str = STACK_APP) -> int:

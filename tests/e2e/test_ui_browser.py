@@ -608,11 +608,13 @@ def _wait_for_log(stack: AgentStack, needle: str, timeout: float = 15) -> bool:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        files = list_logs(node_id=node) or {}
+        files = list_logs(address=stack.address, node_id=node) or {}
         names = [name for group in files.values() for name in group if ours(name)]
         for name in names:
             try:
-                text = "".join(get_log(node_id=node, filename=name, tail=2000))
+                text = "".join(
+                    get_log(address=stack.address, node_id=node, filename=name, tail=2000)
+                )
             except Exception:
                 continue
             if needle in text:
