@@ -113,8 +113,9 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -m "not slow" -q
 
+# --durations=25: CI's log names the slowest tests (the suite's time is a budget: issue 41)
 test: lint typecheck $(SMALL_STAMP) chromium
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 bench-ingest: ingest
 	$(BIN)/python -m bench.ingest

@@ -1,5 +1,6 @@
 """Shared fixtures: a real embedded PostgreSQL (one server per test session, a fresh database
-per test that asks), the real packaged MiniLM embedder, and settings for tests."""
+per test that asks), the real packaged MiniLM embedder, settings for tests, and one Ray head
+with Serve for the modules that deploy Serve applications."""
 
 from __future__ import annotations
 
@@ -277,3 +278,47 @@ def otlp_collector() -> Iterator[tuple[str, Any]]:
     app.mount(LANGFUSE_OTLP_PATH, create_otlp_app(collector))
     with run_in_thread(app) as url:
         yield url + LANGFUSE_OTLP_PATH, collector
+
+
+# --- one Ray head with Serve for the session ------------------------------------------------------
+
+# "serve": the SharedServe, "exit": its ExitStack, "last": the last test of the run that uses it
+_SHARED_SERVE: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def shared_serve() -> Iterator[Any]:
+    """One Ray head with Serve (``tests.e2e.stack_helpers.SharedServe``) that the modules
+    deploying Serve applications share, one module after another: started by the first that
+    asks, stopped after the last test that uses it (not idle through the rest of the
+    session). Modules that stop nodes or kill the GCS (the node failure one) run a cluster
+    of their own."""
+    from contextlib import ExitStack
+
+    from tests.e2e.stack_helpers import serve_cluster
+
+    if "serve" not in _SHARED_SERVE:
+        stack = ExitStack()
+        _SHARED_SERVE["serve"] = stack.enter_context(serve_cluster())
+        _SHARED_SERVE["exit"] = stack
+    yield _SHARED_SERVE["serve"]
+    _stop_shared_serve()
+
+
+def _stop_shared_serve() -> None:
+    _SHARED_SERVE.pop("serve", None)
+    stack = _SHARED_SERVE.pop("exit", None)
+    if stack is not None:
+        stack.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the item's own teardown first (its module's applications are deleted there)
+    if "serve" not in _SHARED_SERVE:
+        return
+    if "last" not in _SHARED_SERVE:  # the last test of this run that uses it
+        users = [i for i in item.session.items if "shared_serve" in getattr(i, "fixturenames", ())]
+        _SHARED_SERVE["last"] = users[-1] if users else None
+    if item is _SHARED_SERVE["last"]:
+        _stop_shared_serve()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -135,12 +134,6 @@ def require_parts(model: PartedModel) -> None:
     pytest.skip(message)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def sse_events(response: httpx.Response) -> list[tuple[float, str]]:
     started = time.perf_counter()
     return [
@@ -152,10 +145,9 @@ def sse_events(response: httpx.Response) -> list[tuple[float, str]]:
 
 @pytest.mark.slow
 def test_serve_app_routes_two_models_over_http_json_and_streaming(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, shared_serve: Any
 ) -> None:
     pytest.importorskip("xllamacpp", reason="xllamacpp is not installed (the local-llm extra)")
-    import ray
     from ray import serve
 
     for variable in ("LOCAL_LLM_MODEL_PATH", "LOCAL_LLM_MODELS", "LOCAL_LLM_MODEL_NAME"):
@@ -164,16 +156,9 @@ def test_serve_app_routes_two_models_over_http_json_and_streaming(
     require_parts(QWEN25_CODER_0_5B)
     # Joined once into the tests' home, before any replica needs them.
     ensure_model_files(LocalLLMSettings(home=TEST_HOME, models=(BIG, SMALL)))
-    port = free_port()
-    ray.init(
-        address="local",  # a Ray of its own, even when another cluster runs on this machine
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        log_to_driver=False,
-    )
+    port = shared_serve.port
+    shared_serve.connect()  # the session's Ray head with Serve (tests/conftest.py)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_local_llm_app(
             {"home": str(TEST_HOME), "models": f"{BIG},{SMALL}", "threads": 1, "context": 2048}
         )
@@ -229,5 +214,4 @@ def test_serve_app_routes_two_models_over_http_json_and_streaming(
             assert bad.status_code == 400  # llama.cpp's own error passes through
             assert "error" in bad.json()
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        shared_serve.delete(APP_NAME)

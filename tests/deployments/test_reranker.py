@@ -45,8 +45,9 @@ def small_cross_encoder(folder: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_concurrent_searches_share_a_batch_and_score_as_if_alone(tmp_path: Path) -> None:
-    import ray
+def test_concurrent_searches_share_a_batch_and_score_as_if_alone(
+    tmp_path: Path, shared_serve: Any
+) -> None:
     from ray import serve
 
     from deployments.reranker import RerankerDeployment
@@ -57,13 +58,7 @@ def test_concurrent_searches_share_a_batch_and_score_as_if_alone(tmp_path: Path)
     assert len({round(s, 4) for row in expected for s in row}) > len(PASSAGES)  # a real model
 
     env = {"RERANKER": "cross-encoder", "RERANKER_MODEL": str(folder), "HF_HUB_OFFLINE": "1"}
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        log_to_driver=False,
-    )
+    shared_serve.connect()  # the session's Ray head with Serve (tests/conftest.py)
     try:
         app = RerankerDeployment.options(
             ray_actor_options={"num_cpus": 0.25, "runtime_env": {"env_vars": env}},
@@ -80,8 +75,7 @@ def test_concurrent_searches_share_a_batch_and_score_as_if_alone(tmp_path: Path)
         got = asyncio.run(all_at_once())
         sizes: list[int] = handle.batch_sizes.remote().result(timeout_s=30)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        shared_serve.delete("reranker-test")
     for row, want in zip(got, expected, strict=True):
         assert row == pytest.approx(want, abs=1e-5)
     assert sum(sizes) == len(QUERIES) and max(sizes) > 1, sizes  # batched, nothing lost

@@ -1,7 +1,8 @@
 """Shared pieces of the end-to-end stacks: a free port, a scoped environment for the local
 Ray's workers (they inherit the driver's environment), waiting for /readyz, a Ray head (and a
-worker node) of their own, the whole application with the simulators (``agent_stack``),
-replica processes via the Ray state API, and load with an action in the middle."""
+worker node) of their own, one Ray head with Serve that the test session's stacks share
+(``serve_cluster``), the whole application with the simulators (``agent_stack``), replica
+processes via the Ray state API, and load with an action in the middle."""
 
 from __future__ import annotations
 
@@ -61,11 +62,14 @@ def wait_ready(url: str, timeout: float = 240) -> None:
 
 
 @contextmanager
-def ray_cluster(num_cpus: int = 4, object_store_mb: int = 150) -> Iterator[str]:
+def ray_cluster(
+    num_cpus: int = 4, object_store_mb: int = 150, env: Mapping[str, str] | None = None
+) -> Iterator[str]:
     """A Ray head node of its own (``ray start --head --block``) on free ports, dashboard and
     Jobs API included; yields its GCS address. Stopping it stops only this cluster. (An
     in-process ``ray.init`` always puts the dashboard agent on port 52365, which another
-    process on the machine may hold: then the Jobs API has no agent.)"""
+    process on the machine may hold: then the Jobs API has no agent.) ``env``: the node's
+    environment, which its workers inherit (default: this process's)."""
     import signal
     import subprocess
     import sys
@@ -93,7 +97,7 @@ def ray_cluster(num_cpus: int = 4, object_store_mb: int = 150) -> Iterator[str]:
         start_new_session=True,
         # A throwaway cluster on 127.0.0.1 for one test module; the driver here runs with
         # token auth off (this process imported Ray before any RAY_AUTH_MODE could apply).
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        env={**(os.environ if env is None else env), "RAY_AUTH_MODE": "disabled"},
     )
     try:
         deadline = time.monotonic() + 60
@@ -125,6 +129,111 @@ def ray_cluster(num_cpus: int = 4, object_store_mb: int = 150) -> Iterator[str]:
 # --- the whole application on a local Ray (fault injection, node failure, soak) -----------------
 
 STACK_APP = "agent"
+# Variables no stack's replicas may see (a real provider's key, a real trace exporter)
+STACK_UNSET = (
+    "OPENROUTER_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "GOOGLE_API_KEY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+@dataclass
+class SharedServe:
+    """One Ray head with Serve (HTTP on ``url``, proxy on the head) that the session's stacks
+    deploy their applications on one after another, each with its settings in its replicas'
+    environment (``build_app``'s ``env``), and delete when their module ends: a cluster start
+    (``ray start``, the driver's connection, Serve's controller and proxy) and its stop, about
+    10 s, once per session instead of once per module."""
+
+    address: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def connect(self) -> None:
+        """Connect this process to the shared cluster (again, after a test module that ran a
+        cluster of its own) and start Serve on it, or find the Serve already running there."""
+        import ray
+        from ray import serve
+
+        if ray.is_initialized() and not self.connected():
+            ray.shutdown()
+        if not ray.is_initialized():
+            ray.init(address=self.address, log_to_driver=False)
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": self.port}, proxy_location="HeadOnly"
+        )
+
+    def connected(self) -> bool:
+        """Whether this process is connected to the shared cluster (Ray names it by the
+        node's IP address, not 127.0.0.1: compared by the GCS port)."""
+        import ray
+
+        if not ray.is_initialized():
+            return False
+        port = str(ray.get_runtime_context().gcs_address).rsplit(":", 1)[-1]
+        return port == self.address.rsplit(":", 1)[-1]
+
+    @contextmanager
+    def app(self, *apps: tuple[Any, str, str | None]) -> Iterator[str]:
+        """Deploy ``(application, name, route_prefix)`` each, yield the HTTP URL, delete them
+        afterwards (the cluster stays for the next module)."""
+        from ray import serve
+
+        self.connect()
+        try:
+            for application, name, prefix in apps:
+                serve.run(application, name=name, route_prefix=prefix)
+            yield self.url
+        finally:
+            self.delete(*(name for _, name, _ in apps))
+
+    def delete(self, *names: str, timeout: float = 60) -> None:
+        """Delete applications, their replicas killed rather than drained: a graceful stop
+        waits seconds per replica (the local LLM's ~15 s), as ``ray.shutdown`` of a cluster
+        of its own never did."""
+        import ray
+        from ray import serve
+        from ray.util.state import list_actors
+
+        for name in names:
+            with suppress(Exception):
+                serve.delete(name, _blocking=False)
+        with suppress(Exception):
+            for actor in list_actors(
+                address=self.address,
+                filters=[("state", "=", "ALIVE")],
+                limit=1000,
+                raise_on_missing_output=False,
+            ):
+                app = actor.class_name.split(":")[1] if ":" in actor.class_name else ""
+                if actor.class_name.startswith("ServeReplica:") and app in names:
+                    with suppress(Exception):
+                        ray.kill(ray.get_actor(actor.name, namespace=actor.ray_namespace))
+
+        def gone() -> bool:
+            return not set(names) & set(serve.status().applications)
+
+        wait_until(gone, timeout, f"Serve to delete {', '.join(names)}", interval=0.1)
+
+
+@contextmanager
+def serve_cluster(num_cpus: int = 4, object_store_mb: int = 150) -> Iterator[SharedServe]:
+    """The session's shared Ray head (``ray_cluster``), its environment this process's less
+    ``STACK_UNSET``; the driver leaves it (``ray.shutdown``) before it stops."""
+    import ray
+
+    env = {k: v for k, v in os.environ.items() if k not in STACK_UNSET}
+    env.update({"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
+    with ray_cluster(num_cpus=num_cpus, object_store_mb=object_store_mb, env=env) as address:
+        try:
+            yield SharedServe(address, free_port())
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 class ThreadServer:
@@ -270,16 +379,19 @@ def agent_stack(
     num_cpus: int = 4,
     worker_resources: Mapping[str, float] | None = None,
     worker_cpus: int = 2,
+    shared: SharedServe | None = None,
 ) -> Iterator[AgentStack]:
     """Start everything, deploy ``build_app(app_args)`` (HTTP proxy on the head only), wait
     for /readyz, yield the stack; stop everything afterwards. ``env`` is added to the
     environment the Ray nodes (and so every replica) start with. ``worker_resources`` (custom
-    resources, may be empty) also starts a worker node before the deployment."""
+    resources, may be empty) also starts a worker node before the deployment.
+
+    With ``shared`` (and no worker node), the application goes on that cluster instead of a
+    Ray head of its own, ``env`` in its replicas' environment, and is deleted afterwards."""
     import ray
     from ray import serve
 
     from deployments.graph import build_app
-    from local_world._service import get_control
     from local_world.scripted_llm import ScriptedLLM, create_llm_app
     from local_world.sensor_service import create_sensor_app
     from local_world.servers import run_in_thread
@@ -307,13 +419,16 @@ def agent_stack(
             "RAY_USAGE_STATS_ENABLED": "0",
             **(env or {}),
         }
-        unset = (
-            "OPENROUTER_API_KEY",
-            "DEEPSEEK_API_KEY",
-            "GOOGLE_API_KEY",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-        )
-        stack.enter_context(scoped_environ(full_env, unset))
+        stack.enter_context(scoped_environ(full_env, STACK_UNSET))
+        if shared is not None and worker_resources is None:
+            app = build_app({**(app_args or {}), "env": full_env})
+            url = stack.enter_context(shared.app((app, STACK_APP, "/")))
+            yield _ready_stack(
+                url, shared.address, llm, twin_app, sensor_app, sensor_url, twin_server
+            )
+            return
+        if ray.is_initialized():  # connected to the shared cluster: this stack has its own
+            ray.shutdown()
         address = stack.enter_context(ray_cluster(num_cpus=num_cpus))
         port = free_port()
         worker: WorkerNode | None = None
@@ -326,19 +441,8 @@ def agent_stack(
             serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
             serve.run(build_app(app_args), name=STACK_APP, route_prefix="/")
             url = f"http://127.0.0.1:{port}"
-            wait_ready(url)
-            ready = httpx.get(f"{url}/readyz", timeout=10)
-            if ready.status_code != 200:
-                raise RuntimeError(f"the stack never became ready: {ready.text}")
-            yield AgentStack(
-                url=url,
-                address=address,
-                llm=llm,
-                twin=get_control(twin_app),
-                sensor=get_control(sensor_app),
-                twin_server=twin_server,
-                sensor_url=sensor_url,
-                worker=worker,
+            yield _ready_stack(
+                url, address, llm, twin_app, sensor_app, sensor_url, twin_server, worker
             )
         finally:
             # No serve.shutdown(): it drains every replica gracefully (~12 s) and the cluster
@@ -349,7 +453,45 @@ def agent_stack(
                 worker.stop(signal.SIGKILL)
 
 
+def _ready_stack(
+    url: str,
+    address: str,
+    llm: ScriptedLLM,
+    twin_app: Any,
+    sensor_app: Any,
+    sensor_url: str,
+    twin_server: ThreadServer,
+    worker: WorkerNode | None = None,
+) -> AgentStack:
+    """Wait for the application's /readyz; the stack."""
+    from local_world._service import get_control
+
+    wait_ready(url)
+    ready = httpx.get(f"{url}/readyz", timeout=10)
+    if ready.status_code != 200:
+        raise RuntimeError(f"the stack never became ready: {ready.text}")
+    return AgentStack(
+        url=url,
+        address=address,
+        llm=llm,
+        twin=get_control(twin_app),
+        sensor=get_control(sensor_app),
+        twin_server=twin_server,
+        sensor_url=sensor_url,
+        worker=worker,
+    )
+
+
 # --- replicas and their processes ----------------------------------------------------------------
+
+
+def state_address() -> str | None:
+    """The GCS address of the cluster this process is connected to, for Ray's state API:
+    without one it asks the cluster last started with ``ray start`` on this machine (after the
+    node failure module's own, none; or another test run's)."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address) if ray.is_initialized() else None
 
 
 def replica_actors(deployment: str, app: str = STACK_APP) -> list[Any]:
@@ -358,6 +500,7 @@ def replica_actors(deployment: str, app: str = STACK_APP) -> list[Any]:
 
     return list(
         list_actors(
+            address=state_address(),
             filters=[
                 ("class_name", "=", f"ServeReplica:{app}:{deployment}"),
                 ("state", "=", "ALIVE"),
@@ -370,7 +513,8 @@ def replica_actors(deployment: str, app: str = STACK_APP) -> list[Any]:
 def proxy_actors() -> list[Any]:
     from ray.util.state import list_actors
 
-    return list(list_actors(filters=[("class_name", "=", "ProxyActor"), ("state", "=", "ALIVE")]))
+    alive = [("class_name", "=", "ProxyActor"), ("state", "=", "ALIVE")]
+    return list(list_actors(address=state_address(), filters=alive))
 
 
 def running_replicas(deployment: str, app: str = STACK_APP) -> int:

@@ -27,6 +27,7 @@ import pytest
 
 from tests.e2e.stack_helpers import (
     AgentStack,
+    SharedServe,
     agent_stack,
     claims,
     replica_actors,
@@ -52,7 +53,9 @@ RETRY_FAST = {"retry_after_ms": 50}  # a short Retry-After, so the SDK's retry c
 
 
 @pytest.fixture(scope="module")
-def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+def stack(
+    sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory, shared_serve: SharedServe
+) -> Iterator[AgentStack]:
     env = {
         "LLM_TIMEOUT_SECONDS": "3",
         "LLM_MAX_RETRIES": "1",
@@ -63,7 +66,11 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     fixed = {"num_replicas": REPLICAS, "autoscaling_config": None}
     app_args = {"per_deployment": {"AgentLoop": fixed, "ToolProxy": fixed}}
     with agent_stack(
-        sample_docs_url, tmp_path_factory.mktemp("faults-home"), env=env, app_args=app_args
+        sample_docs_url,
+        tmp_path_factory.mktemp("faults-home"),
+        env=env,
+        app_args=app_args,
+        shared=shared_serve,
     ) as running:
         yield running
 

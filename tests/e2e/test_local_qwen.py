@@ -19,7 +19,7 @@ from local_world.twin_service import create_twin_app
 from local_world.world import build_world
 from serve_app.local_llm.model_files import ensure_joined_model, parts_installed
 from tests.conftest import TEST_HOME
-from tests.e2e.stack_helpers import free_port, scoped_environ, wait_ready
+from tests.e2e.stack_helpers import SharedServe, scoped_environ, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -34,16 +34,13 @@ def _model_path() -> Path:
 
 
 @pytest.fixture(scope="module")
-def qwen_stack(sample_docs_url: str) -> Iterator[str]:
-    import ray
-    from ray import serve
-
+def qwen_stack(sample_docs_url: str, shared_serve: SharedServe) -> Iterator[str]:
     from deployments.graph import build_app
     from deployments.local_llm import build_local_llm_app
 
     model = _model_path()
     world = build_world()
-    port = free_port()
+    port = shared_serve.port
     with (
         run_in_thread(create_twin_app(world)) as twin_url,
         run_in_thread(create_sensor_app(world)) as sensor_url,
@@ -66,26 +63,16 @@ def qwen_stack(sample_docs_url: str) -> Iterator[str]:
             "HF_HUB_OFFLINE": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
+        # On the session's shared Ray head: the local LLM app reads its LOCAL_LLM_* settings
+        # here, where it is built; the agent's replicas get theirs in their environment.
         with scoped_environ(env, unset=("LLM_API_KEY", "OPENROUTER_API_KEY")):
-            try:
-                ray.init(
-                    address="local",  # a fresh cluster, whatever else runs on the machine
-                    num_cpus=4,
-                    include_dashboard=False,
-                    object_store_memory=150 * 1024 * 1024,
-                    log_to_driver=False,
-                )
-                serve.start(http_options={"host": "127.0.0.1", "port": port})
-                serve.run(build_local_llm_app({}), name="llm", route_prefix="/llm")
-                serve.run(build_app(), name="agent", route_prefix="/")
-                url = f"http://127.0.0.1:{port}"
+            apps = (
+                (build_local_llm_app({}), "llm", "/llm"),
+                (build_app({"env": env}), "agent", "/"),
+            )
+            with shared_serve.app(*apps) as url:
                 wait_ready(url)
                 yield url
-            finally:
-                # No serve.shutdown(): it drains every replica gracefully (~12 s) and the
-                # cluster goes next anyway.
-                if ray.is_initialized():
-                    ray.shutdown()
 
 
 STAFF_CLAIMS = {

@@ -22,10 +22,9 @@ from local_world.servers import run_in_thread
 from local_world.twin_service import create_twin_app
 from local_world.world import build_world
 from tests.e2e.stack_helpers import (
+    SharedServe,
     chunk_id_for,
     claims,
-    free_port,
-    ray_cluster,
     scoped_environ,
     wait_ready,
 )
@@ -49,10 +48,9 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    import ray
-    from ray import serve
-
+def stack(
+    sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory, shared_serve: SharedServe
+) -> Iterator[Stack]:
     from deployments.graph import build_app
 
     world = build_world()
@@ -87,23 +85,13 @@ def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             # High enough for every other test's caller; the limits test uses its own.
             "RATE_LIMIT_USER_PER_MINUTE": str(USER_PER_MINUTE),
         }
-        port = free_port()
-        with scoped_environ(env), ray_cluster() as address:
-            try:
-                ray.init(address=address, log_to_driver=False)
-                serve.start(http_options={"host": "127.0.0.1", "port": port})
-                # Two Ingress replicas: the rate limit is counted across both.
-                ingress = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
-                app = build_app({"per_deployment": {"Ingress": ingress}})
-                serve.run(app, name="agent", route_prefix="/")
-                url = f"http://127.0.0.1:{port}"
-                wait_ready(url)
-                yield Stack(url, llm, collector)
-            finally:
-                # No serve.shutdown(): it drains every replica gracefully (~12 s) and the
-                # cluster goes next anyway.
-                if ray.is_initialized():
-                    ray.shutdown()
+        # Two Ingress replicas: the rate limit is counted across both. On the session's shared
+        # Ray head, the settings in the replicas' environment.
+        ingress = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
+        app = build_app({"per_deployment": {"Ingress": ingress}, "env": env})
+        with scoped_environ(env), shared_serve.app((app, "agent", "/")) as url:
+            wait_ready(url)
+            yield Stack(url, llm, collector)
 
 
 def _script_docs_answer(llm: ScriptedLLM, question: str, chunk_id: str, **final: Any) -> None:
@@ -368,7 +356,7 @@ def test_ingest_is_admin_only_and_runs_as_a_ray_job(stack: Stack) -> None:
         status = httpx.get(f"{stack.url}/ingest/{run_id}", headers=ADMIN, timeout=30).json()
         if status["status"] in {"succeeded", "failed", "stopped"}:
             break
-        time.sleep(2)
+        time.sleep(0.5)
     assert status["status"] == "succeeded", status
     assert status["counts"]["new"] + status["counts"]["unchanged"] == 1
     assert status["progress"]["done"] == status["progress"]["total"]
@@ -393,7 +381,7 @@ def test_readyz_fails_while_the_database_is_down(stack: Stack) -> None:
     while time.monotonic() < deadline:
         if httpx.get(f"{stack.url}/readyz", timeout=30).status_code == 200:
             break
-        time.sleep(1)
+        time.sleep(0.25)
     else:
         pytest.fail("/readyz did not recover after the database came back")
 

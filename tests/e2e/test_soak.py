@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.stack_helpers import (
     AgentStack,
     ProcessUsage,
+    SharedServe,
     agent_stack,
     claims,
     process_usage,
@@ -45,12 +46,15 @@ QUESTIONS = (
 
 
 @pytest.fixture(scope="module")
-def stack(sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+def stack(
+    sample_docs_url: str, tmp_path_factory: pytest.TempPathFactory, shared_serve: SharedServe
+) -> Iterator[AgentStack]:
     with agent_stack(
         sample_docs_url,
         tmp_path_factory.mktemp("soak-home"),
         env={"LOG_LEVEL": "WARNING"},
         app_args={"deployment_options": {"num_replicas": 1, "autoscaling_config": None}},
+        shared=shared_serve,
     ) as running:
         yield running
 

@@ -28,7 +28,13 @@ import pytest
 
 from foundation.eval_tokens import mint_eval_token
 from local_world.claims import encode_claims
-from tests.e2e.stack_helpers import AgentStack, agent_stack, chunk_id_for
+from tests.e2e.stack_helpers import (
+    AgentStack,
+    SharedServe,
+    agent_stack,
+    chunk_id_for,
+    replica_actors,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -125,7 +131,9 @@ def ui_docs_url(
 
 
 @pytest.fixture(scope="module")
-def stack(ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+def stack(
+    ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory, shared_serve: SharedServe
+) -> Iterator[AgentStack]:
     from tests.conftest import TEST_HOME
 
     env = {
@@ -136,7 +144,7 @@ def stack(ui_docs_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "DOC_ROOTS": f"{TEST_HOME / 'ui-docs'}=",  # what the admin panel's run ingests
     }
     home = tmp_path_factory.mktemp("ui-home")
-    with agent_stack(ui_docs_url, home, env=env) as running:
+    with agent_stack(ui_docs_url, home, env=env, shared=shared_serve) as running:
         yield running
 
 
@@ -590,18 +598,27 @@ def _wait_for_log(stack: AgentStack, needle: str, timeout: float = 15) -> bool:
     from ray.util.state import get_log, list_logs
 
     node = ray.get_runtime_context().get_node_id()  # one node: the head
+    # Only this stack's Ingress replicas (their log and their workers' output): the session's
+    # shared cluster keeps the logs of the applications deployed before this one.
+    ingress = replica_actors("Ingress", stack.app)
+    tags = {str(actor.name).rsplit("#", 1)[-1] for actor in ingress}
+    pids = {str(actor.pid) for actor in ingress}
+
+    def ours(name: str) -> bool:
+        base = name.rsplit("/", 1)[-1]
+        if "Ingress" in base:
+            return any(tag in base for tag in tags)
+        return base.startswith("worker-") and base.rsplit(".", 1)[0].rsplit("-", 1)[-1] in pids
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        files = list_logs(node_id=node) or {}
-        names = [
-            name
-            for group in files.values()
-            for name in group
-            if "Ingress" in name or name.startswith("worker-")
-        ]
+        files = list_logs(address=stack.address, node_id=node) or {}
+        names = [name for group in files.values() for name in group if ours(name)]
         for name in names:
             try:
-                text = "".join(get_log(node_id=node, filename=name, tail=2000))
+                text = "".join(
+                    get_log(address=stack.address, node_id=node, filename=name, tail=2000)
+                )
             except Exception:
                 continue
             if needle in text:

@@ -31,7 +31,11 @@ TINY_PAGES = 2000
 # document is written (600 one-line pages fit in two calls: Ray could finish before the kill).
 NODE_KILL_PAGES = 300
 NODE_KILL_SECTIONS = 6
-NODE_KILL_SECTION_CHARS = 600  # one chunk per section under MiniLM's budget
+# One chunk per section under MiniLM's budget. Two sentences each: the test's three runs each
+# embed all 1,800 chunks, which at 600 characters took MiniLM about 4x as long (this was the
+# suite's longest test). The pages and chunks, so the rows in flight, are as before: the
+# first write still commits ~32 of the 300 pages, and the kill lands with most still to come.
+NODE_KILL_SECTION_CHARS = 150
 
 
 def _tiny_pages(tmp_path: Path, line: str, pages: int = TINY_PAGES) -> Path:
@@ -308,8 +312,16 @@ async def test_a_ray_node_killed_mid_run_fails_loudly_and_a_rerun_finishes(
     )
     env = {**os.environ, "DATABASE_URL": db_url, "HF_HUB_OFFLINE": "1"}
     command = _ray_ingest(root, "--json-lines")
+    # The run's Ray notices the lost raylet by its GCS's health checks: every 0.5 s here
+    # (Ray's default 3 s, 5 misses: ~15 s of a dead node before the process ends)
+    killed_env = {**env, "RAY_health_check_period_ms": "500"}
     proc = await asyncio.create_subprocess_exec(
-        *command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, limit=2**22
+        *command,
+        cwd=ROOT,
+        env=killed_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        limit=2**22,
     )  # the failure report lists every source not ingested: one long line
     assert proc.stdout is not None and proc.stderr is not None
     killed: list[int] = []

@@ -100,7 +100,8 @@ def foreign_cluster(tmp_path: Path) -> Iterator[str]:
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        stop_ray_node(str(temp_dir))
+        # SIGKILL after 1 s: a throwaway head needs no graceful stop (10 s by default)
+        stop_ray_node(str(temp_dir), grace_s=1)
 
 
 @pytest.mark.slow
