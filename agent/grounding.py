@@ -597,15 +597,17 @@ def _said_of(fact: Fact, said_of: frozenset[str]) -> bool:
 # and one of the past.
 LIVE_ANSWERS = frozenset({"occupancy", "reading", "inventory"})
 PAST_ANSWERS = frozenset({"history"})
-_STATES = "busy|empty|full|crowded|quiet|occupied|online|offline|above|below|over|under"
+# A state said of a place or a sensor: a predicate, not a time adverb alone ("live data is
+# unavailable right now" is about the service; "it is above the limit" is about the room).
+_STATES = "busy|empty|full|crowded|quiet|occupied|online|offline|above|below"
 _LIVE_STATE = re.compile(
-    rf"\b(?:right now|currently|at the moment|at present|(?:is|are) (?:now )?(?:{_STATES})"
-    r"|exceed(?:s|ing)?|(?:is|are) (?:installed|reporting))\b",
+    rf"\b(?:(?:is|are) (?:now |currently )?(?:{_STATES})|exceed(?:s|ing)?"
+    r"|(?:is|are) (?:installed|reporting))\b",
     re.IGNORECASE,
 )
 _PAST_STATE = re.compile(
     rf"\b(?:yesterday|last (?:night|week|month)|earlier today|this morning"
-    rf"|\d+ (?:hours?|days?) ago|(?:was|were) (?:{_STATES}|at))\b",
+    rf"|\d+ (?:hours?|days?) ago|(?:was|were) (?:{_STATES}))\b",
     re.IGNORECASE,
 )
 
