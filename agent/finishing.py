@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from agent.answer import AgentEvent, CitationEvent, CitationOut, Decision, DoneEvent, TokenEvent
 from agent.citation_support import check_support
 from agent.citations import CitationResult, extract_citations
-from agent.grounding import ungrounded, unsupported_states
+from agent.grounding import Evidence, ungrounded, unsupported_states
 from agent.instrumented import RunTrace, model_call
 from agent.llm.base import ChatRequest, ChatResult, LLMClient, LLMError, Message
 from agent.prompts import DECLINE_TEXT, IDK_MARKER, is_idk, is_refusal
@@ -58,13 +58,16 @@ class Finisher:
         self.repair = repair
         self.settles = dict(settles or {})
 
-    def unsupported(self, run: Run, answer: str) -> list[str]:
-        """What ``answer`` says that this run's evidence does not hold: figures, ids and
-        names (``ungrounded``), and, in a run about buildings or rooms (a successful call
-        with an entity argument), statements of live state or of the past that no result of
-        this turn settles."""
-        missing = ungrounded(answer, run.evidence())
-        return missing + [s for s in self._states(run, answer) if s not in missing]
+    def unsupported(
+        self, run: Run, answer: str, evidence: Evidence | None = None
+    ) -> tuple[list[str], list[str]]:
+        """What ``answer`` says that this run's evidence (``evidence``, else built) does not
+        hold: figures, ids and names (``ungrounded``), and the statements of state among
+        them: in a run about buildings or rooms (a successful call with an entity argument),
+        statements of live state or of the past that no result of this turn settles."""
+        missing = ungrounded(answer, evidence or run.evidence())
+        states = self._states(run, answer)
+        return missing + [s for s in states if s not in missing], states
 
     def _states(self, run: Run, answer: str) -> list[str]:
         if not any(trace.ok and trace.entities for trace in run.traces):
@@ -76,7 +79,7 @@ class Finisher:
         """The events of an answer the service wrote from its own tool results (its
         markers cite chunks the run retrieved), or none when a figure in it is not grounded
         or a marker names no such chunk (a composer bug: the model answers instead)."""
-        missing = self.unsupported(run, text)
+        missing, _ = self.unsupported(run, text)
         cited = extract_citations(text, run.retrieved())
         if missing or cited.hallucinated:
             why = "; ".join([*missing, *(f"no chunk {c}" for c in cited.hallucinated)])
@@ -171,15 +174,17 @@ class Finisher:
         """``checked`` if every figure, id and designator in it is grounded in the run's
         evidence; else the answer of one repair call, if that one is; else None (the run
         answers IDK). What was rejected goes to ``run.ungrounded`` and ``notes``."""
-        missing = self.unsupported(run, checked.answer)  # before the repair note repeats them
+        evidence = run.evidence()  # once, for the answer and its repair
+        missing, states = self.unsupported(run, checked.answer, evidence)
         if not missing:
             return checked
         run.ungrounded.extend(missing)
         repaired = None
         if self.repair:
-            repaired = await self._repair(run, checked.answer, missing, request, trace, hop + 1)
+            note = _repair_note(missing, states)
+            repaired = await self._repair(run, checked.answer, note, request, trace, hop + 1)
         if repaired is not None:
-            still = self.unsupported(run, repaired.answer)
+            still, _ = self.unsupported(run, repaired.answer, evidence)
             if not still:
                 run.notes.append(f"answer repaired; not in any tool result: {'; '.join(missing)}")
                 return repaired
@@ -193,15 +198,14 @@ class Finisher:
         self,
         run: Run,
         answer: str,
-        missing: list[str],
+        note: str,
         request: ChatRequest,
         trace: RunTrace,
         hop: int,
     ) -> CitationResult | None:
         """One more model call (a hop of its own, never streamed: the done answer replaces
-        what was streamed) with the violation fed back; its answer, or None when it asks
+        what was streamed) with the violation fed back (``note``); its answer, or None when it asks
         for tools, declines, says IDK, is empty or fails."""
-        note = _repair_note(missing, self._states(run, answer))
         run.messages += [Message("assistant", answer), Message("user", note)]
         retry = dataclasses.replace(request, messages=tuple(run.messages))
         with trace.hop(hop) as hop_ctx:

@@ -260,7 +260,7 @@ def _number_claim(text: str, digits: str, unit: str | None) -> Claim:
     decimals = len(digits.partition(".")[2])
     tolerance = _HALF.scaleb(-decimals)
     values = [(value, tolerance)]
-    canonical = _UNIT_SPELLINGS.get(" ".join(unit.casefold().split())) if unit else None
+    canonical = _canonical_unit(unit) if unit else None
     if canonical == "%":
         values.append((value / 100, tolerance / 100))
     elif canonical in _SECONDS:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from agent.small_model.intents import LiveIntent
+from agent.small_model.reading import without
 from agent.tools.registry import ToolOutcome, result_of
 from agent.tools.sensor import (
     GetLatestSensorData,
@@ -168,9 +169,7 @@ def _without_names(question: str, steps: Sequence[ToolOutcome]) -> str:
     names = set(room_names(steps).values())
     for step in steps:
         names |= {name for name in _names_shown(step) if name}
-    for name in sorted(names, key=len, reverse=True):
-        question = re.sub(re.escape(name), " ", question, flags=re.IGNORECASE)
-    return question
+    return without(question, sorted(names))
 
 
 def _names_shown(step: ToolOutcome) -> tuple[str | None, ...]:
