@@ -259,7 +259,9 @@ class Agent:
                         run.notes.append(f"{limit}; the model still asked for: {names}")
                         break
                     asked = Message("assistant", reply.text, tool_calls=tuple(reply.tool_calls))
-                elif hop < self.max_hops and (search := self._search_first(run, request, reply)):
+                elif hop < self.max_hops and (
+                    search := search_before_giving_up(run, request, reply, self.finisher.settles)
+                ):
                     asked = Message("assistant", None, tool_calls=(search,))
                 else:
                     finish = self.finisher.finish(run, reply, streaming, request, trace, hop)
@@ -282,9 +284,6 @@ class Agent:
         """The calls of ``asked`` (appended to the run's messages), as the caller."""
         run.messages.append(asked)
         return run_tool_calls(self.tools, run, asked.tool_calls, hop_ctx, then=hooks.after_tools)
-
-    def _search_first(self, run: Run, request: ChatRequest, reply: ChatResult) -> ToolCall | None:
-        return search_before_giving_up(run, request, reply, self.kit.tools.specs())
 
     def _limit_reached(self, run: Run, hop: int, calls: Sequence[ToolCall]) -> str | None:
         """Why the run may not go on with ``calls`` (the hop, tool-call or token cap), or

@@ -9,7 +9,7 @@ strategy allows it only where the documentation matched poorly: ``routing``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from agent.llm.base import ChatRequest, ChatResult, ToolCall, ToolSpec
 from agent.prompts import is_idk, is_refusal
@@ -35,13 +35,14 @@ def _query_argument(spec: ToolSpec) -> str | None:
 
 
 def search_before_giving_up(
-    run: Run, request: ChatRequest, reply: ChatResult, specs: Sequence[ToolSpec]
+    run: Run, request: ChatRequest, reply: ChatResult, settles: Mapping[str, tuple[str, ...]]
 ) -> ToolCall | None:
     """The search to make before accepting ``reply`` as the run's end, or None (the reply
-    is not IDK, the run already searched, or the hop offers no search)."""
+    is not IDK, the run already searched, or the hop offers no search). ``settles``: what
+    each tool answers on its own (``ToolSpec.answers``, by tool name)."""
     if not _gives_up(reply) or any(note.startswith(NOTE) for note in run.notes):
         return None
-    searchers = {s.name for s in specs if DOCUMENTATION in s.answers}
+    searchers = {name for name, answers in settles.items() if DOCUMENTATION in answers}
     if any(trace.ok and trace.name in searchers for trace in run.traces):
         return None
     for spec in request.tools:
